@@ -1,0 +1,765 @@
+"""Ring throughput: shmpad's SPSC and MPMC rings side by side with the usual IPC peers.
+
+    python -m bench.ringbuf                      # full run, ~4 minutes on 2 cores
+    python -m bench.ringbuf --quick              # a few seconds: 1 round, 0.1 s, 64 B and 64 KiB
+    python -m bench.ringbuf --sizes 4K --subjects 'shmpad-*,zmq-ipc,ceiling' --rounds 5
+    python -m bench.ringbuf --json               # one JSON object per measurement and line
+
+Method. One measurement = one subject, one message size, 1 or 4 producers and one
+consumer, all forked afresh (``fork`` context). Everything shared is built in the
+parent before the fork; the children meet at a start barrier, so start-up is not
+timed. Each producer sends the same message for ``--seconds`` and then an end
+marker; the consumer receives until it has every end marker, touching each message
+as its subject's ``reads`` says (a copy into private memory, or for the zero-copy
+subjects the first and last byte). Throughput = messages received after the first
+receive returned / time from then to the last end marker. The consumer's count is
+checked against the producers', and the last payload against the one sent.
+
+Subjects (the tables start with one line per subject saying what its consumer does):
+
+- shmpad-spsc, shmpad-mpmc: single calls, ``put(bytes)`` / ``get_bytes()``;
+- shmpad-*-batch: ``put_many`` of a [batch, size] array / ``get_many``, rows copied out;
+- shmpad-*-zc: ``put(bytes)`` / ``get()``, a view of which only the first and last
+  byte are read, then ``release()``;
+- with N producers, SPSC gets one ring per producer, which the consumer polls in
+  turn with the non-blocking calls; MPMC gets one ring shared by all;
+- peers (``bench/peers.py``): multiprocessing Queue and Pipe, faster-fifo, pyzmq
+  PUSH/PULL over ipc and tcp, and monobeast (shared torch tensors, slot indices
+  through SimpleQueues);
+- ceiling: numpy copies into and out of shared memory, synchronised by spinning on
+  two counters per producer: what moving the bytes costs with no queue at all.
+
+``--json`` prints one object per subject, size and topology with keys transport,
+size_bytes, producers, consumers, msgs_per_s and bytes_per_s (medians; null when
+every round failed); the targets then go to stderr.
+
+Machine speed drifts, so subjects are interleaved: each round measures every
+subject once per size and topology, in an order rotated every round, and the
+tables show medians over rounds. Ratios are medians of the per-round ratios, so a
+slow round slows both sides of a ratio alike. Only ratios within one run count.
+
+Every transport gets the same buffering in bytes (``--queue-bytes``, as a number of
+messages between 16 and 4096; subjects with a channel per producer split it).
+Every child has a deadline: a measurement that does not finish in time, or whose
+child fails, is killed and reported as failed; the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import fnmatch
+import functools
+import json
+import math
+import multiprocessing.connection
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from time import perf_counter
+from typing import ClassVar
+
+import numpy as np
+
+from bench.peers import END, FORK, PEERS, Plan, Subject, Tally, receive_until_ends, send_for
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+# A child waits this long at the start barrier; the parent allows this much beyond
+# --seconds for start-up plus draining before it kills a measurement.
+START_TIMEOUT_S = 15.0
+DRAIN_TIMEOUT_S = 15.0
+
+
+@dataclass
+class Args:
+    rounds: int = 3
+    """every subject is measured once per round; tables show medians over rounds"""
+    seconds: float = 0.5
+    """how long each producer sends, per measurement"""
+    sizes: str = "64,4K,64K,1M"
+    """message sizes, comma-separated (suffixes K/KiB, M/MiB)"""
+    producers: str = "1,4"
+    """producer counts (topologies N->1), comma-separated"""
+    subjects: str = "*"
+    """subjects to measure: comma-separated names or globs, or a family (shmpad, peer, ceiling)"""
+    queue_bytes: int = 4 * MIB
+    """buffering every transport gets, in bytes (as 16 to 4096 messages)"""
+    json: bool = False
+    """print one JSON object per measurement and line instead of tables"""
+    ring_stats: bool = False
+    """after each shmpad measurement, print its rings' statistics() to stderr"""
+    quick: bool = False
+    """a tiny run for tests: 1 round, 0.1 s, 64 B and 64 KiB (overrides --rounds, --seconds, --sizes)"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = argparse.ArgumentParser(prog="python -m bench.ringbuf", description=__doc__.split("\n\n")[0])
+    docs = _field_docs(Args)
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", help=docs[f.name])
+        else:
+            kind = {"int": int, "float": float}.get(f.type, str)
+            parser.add_argument(flag, type=kind, default=f.default, help=f"{docs[f.name]} (default: {f.default})")
+    args = Args(**vars(parser.parse_args(argv)))
+    if args.quick:
+        args.rounds, args.seconds, args.sizes = 1, 0.1, "64,64K"
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+    return args
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """The docstring under each dataclass field (read from the source)."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[stmt.target.id] = nxt.value.value
+    return docs
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": KIB, "M": MIB}.get(t[-1:], 1)
+    try:
+        n = int(t[:-1] if scale > 1 else t) * scale
+    except ValueError:
+        raise ValueError(f"a message size is a number of bytes with an optional K or M suffix, got {text!r}") from None
+    if n < 2:
+        raise ValueError(f"messages must hold at least 2 bytes (1 byte is the end marker), got {text!r}")
+    return n
+
+
+def size_label(n: int) -> str:
+    if n >= MIB and n % MIB == 0:
+        return f"{n // MIB} MiB"
+    if n >= KIB and n % KIB == 0:
+        return f"{n // KIB} KiB"
+    return f"{n} B"
+
+
+def make_plan(size: int, producers: int, args: Args) -> Plan:
+    return Plan(
+        size=size,
+        producers=producers,
+        seconds=args.seconds,
+        capacity=min(4096, max(16, args.queue_bytes // size)),
+        batch=min(512, max(1, 256 * KIB // size)),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# shmpad subjects. The rings are imported lazily so that the peers run without them.
+
+
+def ring_class(kind: str):
+    if kind == "spsc":
+        from shmpad.ringbuf.spsc import SPSCRing
+
+        return SPSCRing
+    from shmpad.ringbuf.mpmc import MPMCRing
+
+    return MPMCRing
+
+
+_warmed: set[str] = set()
+
+
+def warm_up(kind: str) -> None:
+    """Compile every kernel the subjects call, once, in the parent: forked children
+    inherit the machine code instead of each loading it again."""
+    from shmpad.errors import Timeout
+
+    if kind in _warmed:
+        return
+
+    def timing_out(call) -> None:
+        # Twice: a first call can spend its whole timeout compiling what leads up
+        # to the wait, and then never reaches the wait.
+        for _ in range(2):
+            try:
+                call()
+            except Timeout:
+                pass
+
+    ring = ring_class(kind).create(capacity=4, slot_size=64)
+    try:
+        ring.put(bytes(64))
+        ring.put_many(np.zeros((2, 64), np.uint8))
+        ring.put_nowait(END)
+        timing_out(lambda: ring.put(bytes(64), timeout=0.05))
+        timing_out(lambda: ring.put_many(np.zeros((1, 64), np.uint8), timeout=0.05))
+        ring.get_bytes()
+        ring.get_bytes_nowait()
+        view = ring.get()
+        view = ring.get_nowait()
+        del view
+        ring.release()
+        ring.put(bytes(64))
+        batch = ring.get_many(4)
+        del batch
+        ring.release()
+        timing_out(lambda: ring.get(timeout=0.05))
+        timing_out(lambda: ring.get_many(4, timeout=0.05))
+    finally:
+        ring.close()
+    _warmed.add(kind)
+
+
+class _Shmpad(Subject):
+    """shmpad rings: one MPMC ring shared by all producers, or one SPSC ring per
+    producer which the consumer then polls in turn (non-blocking calls, yielding the
+    CPU when every ring is empty)."""
+
+    family = "shmpad"
+    kind: ClassVar[str]
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan)
+        warm_up(self.kind)
+        cls = ring_class(self.kind)
+        if self.kind == "spsc":
+            self._rings = [cls.create(capacity=plan.capacity_per_producer, slot_size=plan.size) for _ in range(plan.producers)]
+        else:
+            self._rings = [cls.create(capacity=plan.capacity, slot_size=plan.size)]
+
+    def _ring(self, index: int):
+        return self._rings[index % len(self._rings)]
+
+    def produce(self, index: int) -> int:
+        ring = self._ring(index)
+        sent = send_for(ring.put, self.plan.message(), self.plan)
+        ring.put(END)
+        return sent
+
+    def consume(self) -> Tally:
+        if len(self._rings) == 1:
+            return self._consume_one(self._rings[0])
+        return self._poll()
+
+    def _consume_one(self, ring) -> Tally:
+        raise NotImplementedError
+
+    def _take_nowait(self, ring) -> tuple[int, bool]:
+        """Receive what one poll of ``ring`` gives: (payload messages, end seen)."""
+        raise NotImplementedError
+
+    def _intact(self) -> bool:
+        raise NotImplementedError
+
+    def _poll(self) -> Tally:
+        from shmpad.errors import Timeout, WouldBlock
+
+        take, yield_ = self._take_nowait, os.sched_yield
+        live = list(self._rings)
+        received = first = 0
+        t_first = 0.0
+        while live:
+            moved = False
+            for ring in tuple(live):
+                try:
+                    n, end = take(ring)
+                except (WouldBlock, Timeout):
+                    continue
+                received += n
+                moved = True
+                if end:
+                    live.remove(ring)
+            if not moved:
+                yield_()
+            elif not t_first:
+                t_first = perf_counter()
+                first = received
+        t_last = perf_counter()
+        return Tally(received, received - first, t_first, t_last, received > 0 and self._intact())
+
+    def statistics(self) -> list:
+        return [ring.statistics() for ring in self._rings]
+
+    def close(self) -> None:
+        for ring in self._rings:
+            ring.close()
+
+
+class _ShmpadSingle(_Shmpad):
+    reads = "get_bytes() -> bytes (one copy out, slot freed at once); producers put(bytes)"
+
+    def _consume_one(self, ring) -> Tally:
+        return receive_until_ends(ring.get_bytes, self.plan)
+
+    def _take_nowait(self, ring) -> tuple[int, bool]:
+        msg = ring.get_bytes_nowait()
+        if len(msg) != self.plan.size:
+            return 0, True
+        self._last = msg
+        return 1, False
+
+    def _intact(self) -> bool:
+        return self._last == self.plan.message()
+
+
+class _ShmpadBatch(_Shmpad):
+    reads = "get_many(batch): rows copied into a private [batch, size] numpy array, release(); producers put_many([batch, size] array)"
+
+    def produce(self, index: int) -> int:
+        ring = self._ring(index)
+        put_many = ring.put_many
+        rows = np.tile(self.plan.payload(), (self.plan.batch, 1))  # [batch, size]
+        calls = 0
+        stop = perf_counter() + self.plan.seconds
+        while perf_counter() < stop:
+            put_many(rows)
+            calls += 1
+        ring.put(END)
+        return calls * self.plan.batch
+
+    def _consume_one(self, ring) -> Tally:
+        size, n_max = self.plan.size, self.plan.batch
+        get_many, release, count_nonzero = ring.get_many, ring.release, np.count_nonzero
+        self._dst = dst = np.empty((n_max, size), np.uint8)  # [batch, size]
+        self._filled = 0
+        ends = received = 0
+        first = -1
+        t_first = 0.0
+        while ends < self.plan.producers:
+            batch = get_many(n_max)
+            lengths = batch.lengths
+            k = len(lengths)
+            e = count_nonzero(lengths != size)
+            if e:
+                k = self._copy_payload_rows(batch)
+                ends += e
+            else:
+                dst[:k] = batch.rows[:, :size]
+                self._filled = k
+            release()
+            received += k
+            if first < 0:
+                t_first = perf_counter()
+                first = received
+        t_last = perf_counter()
+        return Tally(received, received - max(first, 0), t_first, t_last, received > 0 and self._intact())
+
+    def _copy_payload_rows(self, batch) -> int:
+        """The rare batch holding end markers: copy only its payload rows."""
+        keep = batch.lengths == self.plan.size
+        k = int(keep.sum())
+        if k:
+            self._dst[:k] = batch.rows[keep, : self.plan.size]
+            self._filled = k
+        return k
+
+    def _take_nowait(self, ring) -> tuple[int, bool]:
+        if not hasattr(self, "_dst"):
+            self._dst = np.empty((self.plan.batch, self.plan.size), np.uint8)  # [batch, size]
+            self._filled = 0
+        batch = ring.get_many(self.plan.batch, timeout=0)
+        size = self.plan.size
+        if batch.lengths[-1] != size:  # one producer per SPSC ring: the end comes last
+            k = self._copy_payload_rows(batch)
+            ring.release()
+            return k, True
+        k = len(batch)
+        self._dst[:k] = batch.rows[:, :size]
+        self._filled = k
+        ring.release()
+        return k, False
+
+    def _intact(self) -> bool:
+        return self._filled > 0 and bool((self._dst[: self._filled] == self.plan.payload()).all())
+
+
+class _ShmpadZeroCopy(_Shmpad):
+    reads = "get() -> read-only view into the slot; reads its first and last byte, release(); producers put(bytes)"
+
+    def _consume_one(self, ring) -> Tally:
+        size = self.plan.size
+        get, release = ring.get, ring.release
+        ends = received = 0
+        edges = None
+        view = get()
+        t_first = perf_counter()
+        if len(view) == size:
+            edges = view[0], view[-1]
+            received = 1
+        else:
+            ends = 1
+        release()
+        first = received
+        while ends < self.plan.producers:
+            view = get()
+            if len(view) == size:
+                edges = view[0], view[-1]
+                received += 1
+            else:
+                ends += 1
+            release()
+        t_last = perf_counter()
+        self._edges = edges
+        return Tally(received, received - first, t_first, t_last, received > 0 and self._intact())
+
+    def _take_nowait(self, ring) -> tuple[int, bool]:
+        view = ring.get_nowait()
+        if len(view) != self.plan.size:
+            ring.release()
+            return 0, True
+        self._edges = view[0], view[-1]
+        ring.release()
+        return 1, False
+
+    def _intact(self) -> bool:
+        payload = self.plan.payload()
+        return self._edges == (payload[0], payload[-1])
+
+
+def _shmpad_subject(base: type[_Shmpad], kind: str, suffix: str) -> type[_Shmpad]:
+    name = f"shmpad-{kind}{suffix}"
+    return type(name, (base,), {"name": name, "kind": kind, "__doc__": base.__doc__})
+
+
+SHMPAD = [
+    _shmpad_subject(base, kind, suffix)
+    for kind in ("spsc", "mpmc")
+    for base, suffix in ((_ShmpadSingle, ""), (_ShmpadBatch, "-batch"), (_ShmpadZeroCopy, "-zc"))
+]
+SUBJECTS: list[type[Subject]] = SHMPAD + PEERS
+
+
+def copies(subject: type[Subject]) -> bool:
+    """The consumer copies every payload out (the zero-copy subjects only look)."""
+    return not subject.name.endswith("-zc")
+
+
+def single_calls(subject: type[Subject]) -> bool:
+    return copies(subject) and not subject.name.endswith("-batch")
+
+
+# ---------------------------------------------------------------------------------------
+# Running one measurement
+
+
+class MeasurementFailed(Exception):
+    pass
+
+
+def _child(label: str, lifetime: float, prepare, work, barrier, report) -> None:
+    """Body of every forked child: prepare, meet at the barrier, work, report; name any failure.
+
+    The child dies with its parent (PR_SET_PDEATHSIG) and at the latest after
+    ``lifetime`` seconds (SIGALRM), so nothing outlives a killed or stuck run."""
+    _die_with_parent()
+    signal.alarm(math.ceil(lifetime))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle: it kills us
+    try:
+        prepare()
+        barrier.wait(START_TIMEOUT_S)
+        report(work())
+    except BaseException:
+        sys.stderr.write(f"Error in '{label}':\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _nothing() -> None:
+    pass
+
+
+def _die_with_parent() -> None:
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def measure(subject_type: type[Subject], plan: Plan, ring_stats: bool = False) -> float:
+    """Run one measurement in fresh processes; messages per second at the consumer."""
+    what = f"{subject_type.name} {size_label(plan.size)} {plan.producers}->1"
+    try:
+        subject = subject_type(plan)
+    except Exception as e:
+        raise MeasurementFailed(f"{what}: setting up failed: {e!r}") from e
+    barrier = FORK.Barrier(plan.producers + 1)
+    sent = FORK.RawArray("q", plan.producers)
+    results, results_in = FORK.Pipe(duplex=False)
+    # role, before the barrier, after it, what to do with its result
+    roles = [("consumer", subject.prepare_consumer, subject.consume, results_in.send)]
+    for i in range(plan.producers):
+        roles.append((f"producer/{i}", _nothing, functools.partial(subject.produce, i), functools.partial(sent.__setitem__, i)))
+    # The parent kills a measurement after ``budget``; a child left on its own ends a bit later.
+    budget = START_TIMEOUT_S + plan.seconds + DRAIN_TIMEOUT_S
+    names = {
+        FORK.Process(target=_child, args=(f"{what}/{role}", budget + 5, prepare, work, barrier, report), daemon=True): role
+        for role, prepare, work, report in roles
+    }
+    procs = list(names)
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + budget
+        pending = {p.sentinel: p for p in procs}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                stuck = ", ".join(names[p] for p in pending.values())
+                raise MeasurementFailed(f"{what}: timed out, still running: {stuck}")
+            for s in multiprocessing.connection.wait(list(pending), timeout=left):
+                p = pending.pop(s)
+                p.join()
+                if p.exitcode != 0:
+                    raise MeasurementFailed(f"{what}: {names[p]} exited with code {p.exitcode}")
+        if not results.poll():
+            raise MeasurementFailed(f"{what}: the consumer reported nothing")
+        tally: Tally = results.recv()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        results.close()
+        results_in.close()
+        if ring_stats and isinstance(subject, _Shmpad):
+            for st in subject.statistics():
+                print(f"{what}: {st}", file=sys.stderr)
+        subject.close()
+    total_sent = sum(sent)
+    if tally.received != total_sent:
+        raise MeasurementFailed(f"{what}: producers sent {total_sent} messages, the consumer received {tally.received}")
+    if not tally.intact:
+        raise MeasurementFailed(f"{what}: the payload arrived changed")
+    if tally.timed < 1 or tally.t_last <= tally.t_first:
+        raise MeasurementFailed(f"{what}: too few messages to time ({tally.received})")
+    return tally.timed / (tally.t_last - tally.t_first)
+
+
+# ---------------------------------------------------------------------------------------
+# Reporting
+
+
+def select(args: Args) -> list[type[Subject]]:
+    patterns = [p.strip() for p in args.subjects.split(",") if p.strip()]
+    chosen = [s for s in SUBJECTS if any(p == s.family or fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+    if not chosen:
+        names = ", ".join(s.name for s in SUBJECTS)
+        raise SystemExit(f"--subjects {args.subjects!r} matches none of: {names} (or a family: shmpad, peer, ceiling)")
+    return chosen
+
+
+def available(subjects: list[type[Subject]]) -> tuple[list[type[Subject]], list[str]]:
+    """Subjects whose imports work here, and a note for each one left out."""
+    ok, notes = [], []
+    for s in subjects:
+        try:
+            if issubclass(s, _Shmpad):
+                ring_class(s.kind)
+        except Exception as e:  # a ring module missing, or broken mid-edit
+            notes.append(f"{s.name}: skipped, its ring does not import: {e!r}")
+            continue
+        ok.append(s)
+    return ok, notes
+
+
+def fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "failed"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}K"
+    return f"{x:.0f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+class Results:
+    """Per-round rates of every (subject, size, producers)."""
+
+    def __init__(self):
+        self.rates: dict[tuple[str, int, int], list[float | None]] = {}
+
+    def add(self, name: str, size: int, producers: int, rate: float | None) -> None:
+        self.rates.setdefault((name, size, producers), []).append(rate)
+
+    def median(self, name: str, size: int, producers: int) -> float | None:
+        good = [r for r in self.rates.get((name, size, producers), []) if r is not None]
+        return statistics.median(good) if good else None
+
+    def ratio(self, top: str | list[str], bottom: str | list[str], size: int, producers: int) -> float | None:
+        """Median over rounds of rate(top) / rate(bottom); a list means its best in that round."""
+
+        def per_round(names):
+            names = [names] if isinstance(names, str) else names
+            rows = [self.rates.get((n, size, producers), []) for n in names]
+            rounds = max((len(r) for r in rows), default=0)
+            best = []
+            for i in range(rounds):
+                vals = [r[i] for r in rows if i < len(r) and r[i] is not None]
+                best.append(max(vals) if vals else None)
+            return best
+
+        a, b = per_round(top), per_round(bottom)
+        ratios = [x / y for x, y in zip(a, b) if x is not None and y]
+        return statistics.median(ratios) if ratios else None
+
+    def best(self, names: list[str], size: int, producers: int) -> str | None:
+        ranked = [(self.median(n, size, producers), n) for n in names]
+        ranked = [(r, n) for r, n in ranked if r is not None]
+        return max(ranked)[1] if ranked else None
+
+
+def print_tables(results: Results, subjects, sizes, producer_counts, args: Args) -> None:
+    print(f"Ring throughput: medians of {args.rounds} round(s), {args.seconds:g} s per measurement.")
+    print("Ratios are medians of per-round ratios; 'best' is the fastest shmpad subject whose consumer copies.")
+    print("What each consumer does with a message:")
+    for s in subjects:
+        print(f"  {s.name:<18} {s.reads}")
+    for size in sizes:
+        for producers in producer_counts:
+            best = results.best([s.name for s in subjects if s.family == "shmpad" and copies(s)], size, producers)
+            print()
+            print(f"== {size_label(size)}, {producers}->1 == best: {best or '-'}")
+            print(f"  {'subject':<18} {'msgs/s':>9} {'GB/s':>7} {'best/this':>10}")
+            for s in subjects:
+                rate = results.median(s.name, size, producers)
+                gbs = "-" if rate is None else f"{rate * size / 1e9:.3f}"
+                ratio = results.ratio(best, s.name, size, producers) if best else None
+                print(f"  {s.name:<18} {fmt_rate(rate):>9} {gbs:>7} {fmt_ratio(ratio):>10}")
+
+
+TARGETS = (
+    "64 B and 4 KiB: >= 2x the best peer (64 B: >= 2M msgs/s single calls, >= 20M msgs/s batch); "
+    "64 KiB and 1 MiB: >= 80% of the ceiling with copying reads and >= 1.2x the best peer; "
+    "zero-copy reads above the ceiling"
+)
+
+
+def targets(results: Results, subjects, sizes, producer_counts) -> list[str]:
+    """One line per target and case: PASS/FAIL, the claim, the measured value."""
+    lines = []
+
+    def line(case: str, claim: str, shown: str, passed: bool | None) -> None:
+        verdict = "n/a " if passed is None else ("PASS" if passed else "FAIL")
+        lines.append(f"  {verdict}  {case}: {claim}: {shown}")
+
+    for size in sizes:
+        for producers in producer_counts:
+            case = f"{size_label(size)} {producers}->1"
+            peers = [s.name for s in subjects if s.family == "peer"]
+            shmpad = [s for s in subjects if s.family == "shmpad"]
+            single = results.best([s.name for s in shmpad if single_calls(s)], size, producers)
+            batch = results.best([s.name for s in shmpad if s.name.endswith("-batch")], size, producers)
+            copying = results.best([s.name for s in shmpad if copies(s)], size, producers)
+            zero = results.best([s.name for s in shmpad if not copies(s)], size, producers)
+            best_peer = results.best(peers, size, producers)
+            ceiling = "ceiling" if any(s.name == "ceiling" for s in subjects) else None
+            if size < 64 * KIB:
+                for name in (single, batch):
+                    if name and best_peer:
+                        r = results.ratio(name, peers, size, producers)
+                        line(case, f"{name} >= 2x the best peer ({best_peer})", fmt_ratio(r), None if r is None else r >= 2)
+                if size == 64:
+                    for name, bar in ((single, 2e6), (batch, 20e6)):
+                        if name:
+                            rate = results.median(name, size, producers)
+                            line(case, f"{name} >= {fmt_rate(bar)} msgs/s", fmt_rate(rate), None if rate is None else rate >= bar)
+            else:
+                if copying and ceiling:
+                    r = results.ratio(copying, ceiling, size, producers)
+                    shown = "-" if r is None else f"{r:.0%}"
+                    line(case, f"{copying} (copying reads) >= 80% of the ceiling", shown, None if r is None else r >= 0.8)
+                if copying and best_peer:
+                    r = results.ratio(copying, peers, size, producers)
+                    line(case, f"{copying} (copying reads) >= 1.2x the best peer ({best_peer})", fmt_ratio(r), None if r is None else r >= 1.2)
+                if zero and ceiling:
+                    r = results.ratio(zero, ceiling, size, producers)
+                    line(case, f"{zero} (zero-copy reads) above the ceiling", fmt_ratio(r), None if r is None else r > 1)
+    if not lines:
+        lines.append("  n/a   no shmpad subject was measured")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        producer_counts = [int(p) for p in args.producers.split(",") if p.strip()]
+        if not producer_counts or min(producer_counts) < 1:
+            raise ValueError(f"--producers takes counts >= 1, got {args.producers!r}")
+    except ValueError as e:
+        raise SystemExit(f"bench.ringbuf: {e}") from None
+    subjects, notes = available(select(args))
+    for note in notes:
+        print(note, file=sys.stderr)
+    results = Results()
+    failures: list[str] = []
+    started = time.monotonic()
+    for r in range(args.rounds):
+        order = subjects[r % len(subjects) :] + subjects[: r % len(subjects)]
+        for size in sizes:
+            for producers in producer_counts:
+                plan = make_plan(size, producers, args)
+                for s in order:
+                    try:
+                        rate = measure(s, plan, args.ring_stats)
+                    except MeasurementFailed as e:
+                        failures.append(f"round {r + 1}: {e}")
+                        print(f"FAILED {e}", file=sys.stderr)
+                        rate = None
+                    results.add(s.name, size, producers, rate)
+        print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+    if args.json:
+        for size in sizes:
+            for producers in producer_counts:
+                for s in subjects:
+                    rate = results.median(s.name, size, producers)
+                    record = {
+                        "transport": s.name,
+                        "size_bytes": size,
+                        "producers": producers,
+                        "consumers": 1,
+                        "msgs_per_s": rate,
+                        "bytes_per_s": None if rate is None else rate * size,
+                    }
+                    print(json.dumps(record), flush=True)
+        out = sys.stderr
+    else:
+        print_tables(results, subjects, sizes, producer_counts, args)
+        out = sys.stdout
+    print(file=out)
+    print(f"Targets: {TARGETS}", file=out)
+    for line in targets(results, subjects, sizes, producer_counts):
+        print(line, file=out)
+    if failures:
+        print(f"\n{len(failures)} measurement(s) failed:", file=out)
+        for f in failures:
+            print(f"  {f}", file=out)
+    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nbench.ringbuf: interrupted; every child was killed", file=sys.stderr)
+        sys.exit(130)

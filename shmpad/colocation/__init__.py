@@ -1,0 +1,1 @@
+"""shmpad/colocation"""

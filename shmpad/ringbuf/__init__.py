@@ -1,0 +1,19 @@
+"""Lock-free shared-memory rings, the versioned weight store, and what they stand on."""
+
+from shmpad.ringbuf.mpmc import MPMCRing
+from shmpad.ringbuf.ring import MessageBatch
+from shmpad.ringbuf.ring import RingStatistics
+from shmpad.ringbuf.segment import Segment
+from shmpad.ringbuf.spsc import SPSCRing
+from shmpad.ringbuf.weights import WeightStore
+from shmpad.ringbuf.weights import WeightStoreStatistics
+
+__all__ = [
+    "MPMCRing",
+    "MessageBatch",
+    "RingStatistics",
+    "SPSCRing",
+    "Segment",
+    "WeightStore",
+    "WeightStoreStatistics",
+]

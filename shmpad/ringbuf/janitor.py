@@ -1,0 +1,97 @@
+"""Removes this program's shared-memory segments once every process of it is gone.
+
+The first process that creates a segment starts one janitor: a tiny Python process
+(no site-packages, no shmpad import) whose standard input is a pipe. Every process of
+the program holds the pipe's write end (forked children inherit it), and sends
+``+name`` when it creates a segment and ``-name`` when it unlinks one. When the last
+holder exits, however it exits (normally, on an exception, or SIGKILLed), the janitor
+reads end-of-file and unlinks every name still registered.
+
+Processes forked before the janitor started do not hold the pipe: a launcher calls
+``start()`` before it forks. The janitor runs in its own session so that Ctrl+C in a terminal does not kill it
+before the processes it watches.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+__all__ = ["start", "register", "unregister"]
+
+# Runs under ``python -I -S``: standard library only, starts in a few milliseconds.
+_JANITOR_SOURCE = r"""
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+names = set()
+for line in sys.stdin.buffer:
+    line = line.strip().decode()
+    if line[:1] == "+":
+        names.add(line[1:])
+    elif line[:1] == "-":
+        names.discard(line[1:])
+for name in names:
+    try:
+        os.unlink("/dev/shm/" + name.lstrip("/"))
+    except OSError:
+        pass
+"""
+
+_lock = threading.Lock()
+_pipe: dict[int, int] = {}  # pid of the process that owns the write end -> fd
+
+
+def _write_fd() -> int | None:
+    """The janitor pipe of this process's program, starting a janitor if there is none."""
+    pid = os.getpid()
+    with _lock:
+        if _pipe:
+            # A forked child reuses its parent's janitor through the inherited fd.
+            return next(iter(_pipe.values()))
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _JANITOR_SOURCE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            return None
+        fd = os.dup(proc.stdin.fileno())
+        proc.stdin.close()
+        os.set_inheritable(fd, False)  # exec'd programs must not keep the janitor waiting
+        _pipe[pid] = fd
+        # Popen would otherwise warn that the janitor "is still running" at exit.
+        proc.returncode = 0
+        return fd
+
+
+def start() -> None:
+    """Start this program's janitor now, if it has none yet.
+
+    Call it in the root process before forking workers: the janitor then waits for
+    every one of them, including those forked before any segment existed."""
+    _write_fd()
+
+
+def _send(line: str) -> None:
+    fd = _write_fd()
+    if fd is None:
+        return
+    try:
+        os.write(fd, line.encode() + b"\n")  # shorter than PIPE_BUF: atomic among writers
+    except OSError:
+        pass  # the janitor is gone; atexit cleanup in the creator still runs
+
+
+def register(name: str) -> None:
+    """Have the janitor unlink ``name`` when the program is gone, unless unregistered."""
+    _send("+" + name)
+
+
+def unregister(name: str) -> None:
+    """``name`` was unlinked; the janitor can forget it."""
+    _send("-" + name)

@@ -1,0 +1,68 @@
+"""Word layout of the control block shared by the byte rings and typed rings.
+
+The data area of a ring segment starts with these 64-byte lines (word = 8 bytes;
+indices below are word indices from the start of the data area)::
+
+    line  words   written by   contents
+    0     0-7     producers    HEAD (SPSC: messages published; MPMC: enqueue position),
+                               PUTS, BYTES_PUT, WAITS_FULL, TAIL_SEEN (SPSC: the producer's
+                               cached copy of TAIL)
+    1     8-15    consumers    TAIL (SPSC: messages released; MPMC: dequeue position),
+                               READ (SPSC: read cursor), READER (SPSC: pid owning READ),
+                               GETS, BYTES_GOT, WAITS_EMPTY, HEAD_SEEN (SPSC: the
+                               consumer's cached copy of HEAD)
+    2     16-23   both         event NOT_EMPTY: seq, sleepers (see wait.py)
+    3     24-31   both         event NOT_FULL: seq, sleepers
+    4     32-39   any          CLOSED, DEAD_CLAIMS
+    5     40-47   creator      CAPACITY, SLOT_SIZE (bytes; 0 for typed rings), STRIDE (bytes
+                               between slots), SLOT_WORDS (word index of the per-slot words),
+                               SLOTS (byte offset of slot 0 from the data area)
+    6..   ...                  per-slot words, then slot payloads (see spsc.py and mpmc.py)
+
+Each line has one writer side, so a producer's stores never invalidate the line a
+consumer writes (rigtorp/SPSCQueue). Per-slot words and payloads are laid out by the
+ring kind.
+"""
+
+from __future__ import annotations
+
+WORDS_PER_LINE = 8
+
+HEAD = 0
+PUTS = 1
+BYTES_PUT = 2
+WAITS_FULL = 3
+TAIL_SEEN = 4
+
+TAIL = 8
+READ = 9
+READER = 10
+GETS = 11
+BYTES_GOT = 12
+WAITS_EMPTY = 13
+HEAD_SEEN = 14
+
+EV_NOT_EMPTY = 16
+EV_NOT_FULL = 24
+
+CLOSED = 32
+DEAD_CLAIMS = 33
+
+CAPACITY = 40
+SLOT_SIZE = 41
+STRIDE = 42
+SLOT_WORDS = 43
+SLOTS = 44
+
+CONTROL_WORDS = 48
+
+# Return codes of the kernels (non-negative values are results).
+EMPTY = -1
+FULL = -1
+CLOSED_CODE = -2
+TOO_BIG = -3
+IN_PROGRESS = -4
+
+
+def round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to

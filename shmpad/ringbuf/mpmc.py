@@ -1,0 +1,398 @@
+"""Multi-producer multi-consumer ring of byte messages that survives dead claimants.
+
+Layout of the data area (after the control block of ``layout.py``)::
+
+    word  SLOT_WORDS + 8 i        state of slot i (below)
+    word  SLOT_WORDS + 8 i + 1    length in bytes of the message in slot i
+                                  (one 64-byte line per slot: producers of
+                                  neighbouring slots never share a line)
+    byte  SLOTS + i * STRIDE      payload of slot i (64-byte aligned)
+
+HEAD is the enqueue position and TAIL the dequeue position; position ``p`` lives
+in slot ``p % capacity`` on lap ``p // capacity``. A slot's state word packs
+``lap`` (31 bits) << 32 | ``phase`` (2 bits) << 30 | ``pid`` (30 bits)::
+
+    (L, FREE, 0) --producer CAS--> (L, WRITING, pid) --commit--> (L, READY, pid)
+    --consumer CAS--> (L, READING, pid) --release--> (L+1, FREE, 0)
+
+Claims are made by CAS on the slot's state, with the claimant's pid in it, and
+the position is advanced afterwards by whoever sees the claim (helping), so a
+claimant that dies at any instruction leaves a trace naming it:
+
+- a producer that dies while WRITING stalls consumers at that position until one
+  of them finds the pid dead and moves the slot to (L+1, FREE): the message is
+  dropped and counted in DEAD_CLAIMS;
+- a consumer that dies while READING stalls producers a lap later until one of
+  them finds the pid dead and moves the slot to (L+1, FREE): the message it held
+  is lost with it and counted.
+
+Liveness is checked from Python (``_recover``), only after a waiter slept a whole
+chunk without progress, so the fast paths carry no system call.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import njit
+
+from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.ringbuf.layout import (
+    BYTES_GOT,
+    BYTES_PUT,
+    CAPACITY,
+    CLOSED,
+    CLOSED_CODE,
+    DEAD_CLAIMS,
+    EMPTY,
+    EV_NOT_EMPTY,
+    EV_NOT_FULL,
+    FULL,
+    GETS,
+    HEAD,
+    IN_PROGRESS,
+    PUTS,
+    SLOT_SIZE,
+    SLOT_WORDS,
+    SLOTS,
+    STRIDE,
+    TAIL,
+    TOO_BIG,
+    WORDS_PER_LINE,
+)
+from shmpad.ringbuf.memcopy import copy_bytes
+from shmpad.ringbuf.ring import ByteRing, Kernels, current_pid
+from shmpad.ringbuf.wait import notify
+
+__all__ = ["MPMCRing", "pid_alive"]
+
+FREE, WRITING, READY, READING = 0, 1, 2, 3
+LAP_MASK = 0x7FFFFFFF
+PID_MASK = (1 << 30) - 1
+
+
+@njit(nogil=True, cache=True)
+def _pack(lap, phase, pid):
+    return ((lap & LAP_MASK) << 32) | (phase << 30) | (pid & PID_MASK)
+
+
+@njit(nogil=True, cache=True)
+def _lap(s):
+    return (s >> 32) & LAP_MASK
+
+
+@njit(nogil=True, cache=True)
+def _phase(s):
+    return (s >> 30) & 3
+
+
+@njit(nogil=True, cache=True)
+def _state_word(ctl, i):
+    return ctl[SLOT_WORDS] + i * WORDS_PER_LINE
+
+
+@njit(nogil=True, cache=True)
+def _claim_write(ctl, pid):
+    """Claim the slot at HEAD for writing: its index, FULL or CLOSED_CODE."""
+    cap = ctl[CAPACITY]
+    while True:
+        if load_relaxed(ctl, CLOSED) != 0:
+            return CLOSED_CODE
+        pos = load_acquire(ctl, HEAD)  # pairs with the cas on HEAD below (ours or a helper's)
+        i = pos % cap
+        lap = pos // cap
+        sw = _state_word(ctl, i)
+        s = load_acquire(ctl, sw)  # pairs with store_release(FREE) in _release and the reclaims
+        free = _pack(lap, FREE, 0)
+        if s == free:
+            if cas(ctl, sw, free, _pack(lap, WRITING, pid)) == free:
+                cas(ctl, HEAD, pos, pos + 1)
+                return i
+        elif _lap(s) == lap & LAP_MASK:
+            cas(ctl, HEAD, pos, pos + 1)  # claimed by someone who has not moved HEAD yet
+        elif _lap(s) == (lap - 1) & LAP_MASK and load_relaxed(ctl, HEAD) == pos:
+            return FULL  # the previous lap's message is still in the slot
+
+
+@njit(nogil=True, cache=True)
+def _publish(ctl, i, n):
+    sw = _state_word(ctl, i)
+    s = load_relaxed(ctl, sw)
+    store_relaxed(ctl, sw + 1, n)
+    store_release(ctl, sw, _pack(_lap(s), READY, s & PID_MASK))  # pairs with load_acquire(sw) in _claim_read
+
+
+@njit(nogil=True, cache=True)
+def _put(ctl, msg, pid):
+    n = len(msg)
+    if n > ctl[SLOT_SIZE]:
+        return TOO_BIG
+    i = _claim_write(ctl, pid)
+    if i < 0:
+        return i
+    copy_bytes(ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], msg, 0, n)
+    _publish(ctl, i, n)
+    fetch_add(ctl, PUTS, 1)
+    fetch_add(ctl, BYTES_PUT, n)
+    notify(ctl, EV_NOT_EMPTY)
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def _put_rows(ctl, rows, first, pid):
+    n = rows.shape[1]
+    if n > ctl[SLOT_SIZE]:
+        return TOO_BIG
+    data = ctl.view(np.uint8)
+    flat = rows.reshape(-1)
+    slots, stride = ctl[SLOTS], ctl[STRIDE]
+    k = 0
+    for j in range(first, rows.shape[0]):
+        i = _claim_write(ctl, pid)
+        if i < 0:
+            if k == 0 and i == CLOSED_CODE:
+                return CLOSED_CODE
+            break
+        copy_bytes(data, slots + i * stride, flat, j * n, n)
+        _publish(ctl, i, n)
+        k += 1
+    if k > 0:
+        fetch_add(ctl, PUTS, k)
+        fetch_add(ctl, BYTES_PUT, k * n)
+        notify(ctl, EV_NOT_EMPTY)
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _put_packed(ctl, buf, offsets, first, pid):
+    data = ctl.view(np.uint8)
+    slots, stride, size = ctl[SLOTS], ctl[STRIDE], ctl[SLOT_SIZE]
+    k = 0
+    total = 0
+    for j in range(first, offsets.shape[0] - 1):
+        a = offsets[j]
+        n = offsets[j + 1] - a
+        if n > size:
+            break
+        i = _claim_write(ctl, pid)
+        if i < 0:
+            if k == 0 and i == CLOSED_CODE:
+                return CLOSED_CODE
+            break
+        copy_bytes(data, slots + i * stride, buf, a, n)
+        _publish(ctl, i, n)
+        k += 1
+        total += n
+    if k > 0:
+        fetch_add(ctl, PUTS, k)
+        fetch_add(ctl, BYTES_PUT, total)
+        notify(ctl, EV_NOT_EMPTY)
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _reserve(ctl, n, pid):
+    if n > ctl[SLOT_SIZE]:
+        return TOO_BIG
+    return _claim_write(ctl, pid)
+
+
+@njit(nogil=True, cache=True)
+def _commit(ctl, i, n):
+    _publish(ctl, i, n)
+    fetch_add(ctl, PUTS, 1)
+    fetch_add(ctl, BYTES_PUT, n)
+    notify(ctl, EV_NOT_EMPTY)
+
+
+@njit(nogil=True, cache=True)
+def _claim_read(ctl, pid):
+    """Claim the message at TAIL: its slot index, EMPTY, IN_PROGRESS or CLOSED_CODE."""
+    cap = ctl[CAPACITY]
+    while True:
+        pos = load_acquire(ctl, TAIL)  # pairs with the cas on TAIL below (ours or a helper's)
+        i = pos % cap
+        lap = pos // cap
+        sw = _state_word(ctl, i)
+        s = load_acquire(ctl, sw)  # pairs with store_release(READY) in _publish
+        if _lap(s) == lap & LAP_MASK:
+            phase = _phase(s)
+            if phase == READY:
+                if cas(ctl, sw, s, _pack(lap, READING, pid)) == s:
+                    cas(ctl, TAIL, pos, pos + 1)
+                    return i
+            elif phase == READING:
+                cas(ctl, TAIL, pos, pos + 1)  # claimed by someone who has not moved TAIL yet
+            elif load_relaxed(ctl, TAIL) == pos:
+                if phase == WRITING:
+                    return IN_PROGRESS
+                if load_acquire(ctl, CLOSED) != 0 and load_acquire(ctl, sw) == s:
+                    return CLOSED_CODE
+                return EMPTY
+        elif s == _pack(lap + 1, FREE, 0):
+            cas(ctl, TAIL, pos, pos + 1)  # consumed and released before TAIL moved
+
+
+@njit(nogil=True, cache=True)
+def _peek(ctl, pid):
+    i = _claim_read(ctl, pid)
+    if i < 0:
+        return i
+    n = load_relaxed(ctl, _state_word(ctl, i) + 1)
+    fetch_add(ctl, GETS, 1)
+    fetch_add(ctl, BYTES_GOT, n)
+    return (i << 32) | n
+
+
+@njit(nogil=True, cache=True)
+def _peek_many(ctl, max_n, pid):
+    """Claim up to ``max_n`` messages in consecutive slots: ``slot << 32 | k``."""
+    i = _claim_read(ctl, pid)
+    if i < 0:
+        return i
+    cap = ctl[CAPACITY]
+    total = load_relaxed(ctl, _state_word(ctl, i) + 1)
+    k = 1
+    while k < max_n and i + k < cap:
+        pos = load_acquire(ctl, TAIL)
+        if pos % cap != i + k:
+            break  # another consumer took the next one
+        lap = pos // cap
+        sw = _state_word(ctl, i + k)
+        s = load_acquire(ctl, sw)  # pairs with store_release(READY) in _publish
+        if _lap(s) != lap & LAP_MASK or _phase(s) != READY:
+            break
+        if cas(ctl, sw, s, _pack(lap, READING, pid)) != s:
+            break
+        cas(ctl, TAIL, pos, pos + 1)
+        total += load_relaxed(ctl, sw + 1)
+        k += 1
+    fetch_add(ctl, GETS, k)
+    fetch_add(ctl, BYTES_GOT, total)
+    return (i << 32) | k
+
+
+@njit(nogil=True, cache=True)
+def _release(ctl, i, k):
+    for j in range(k):
+        sw = _state_word(ctl, i + j)
+        s = load_relaxed(ctl, sw)
+        store_release(ctl, sw, _pack(_lap(s) + 1, FREE, 0))  # pairs with load_acquire(sw) in _claim_write
+    notify(ctl, EV_NOT_FULL)
+
+
+@njit(nogil=True, cache=True)
+def _watch_write(ctl, pid):
+    """(-1, 0) if a claim for writing could go ahead (or closed); else the state word of
+    the slot at HEAD and its value: any change to it may free the slot."""
+    if load_relaxed(ctl, CLOSED) != 0:
+        return -1, 0
+    cap = ctl[CAPACITY]
+    pos = load_acquire(ctl, HEAD)
+    sw = _state_word(ctl, pos % cap)
+    s = load_acquire(ctl, sw)  # pairs with store_release(FREE) in _release
+    if _lap(s) == (pos // cap) & LAP_MASK:
+        return -1, 0
+    return sw, s
+
+
+@njit(nogil=True, cache=True)
+def _watch_read(ctl, pid):
+    """(-1, 0) if a claim for reading could go ahead (or closed and drained); else the
+    state word of the slot at TAIL and its value."""
+    cap = ctl[CAPACITY]
+    pos = load_acquire(ctl, TAIL)
+    lap = pos // cap
+    sw = _state_word(ctl, pos % cap)
+    s = load_acquire(ctl, sw)  # pairs with store_release(READY) in _publish
+    if _lap(s) == lap & LAP_MASK:
+        phase = _phase(s)
+        if phase == READY or phase == READING:
+            return -1, 0
+        if phase == FREE and load_acquire(ctl, CLOSED) != 0:
+            return -1, 0
+        return sw, s
+    return -1, 0  # TAIL is stale: claiming will move it
+
+
+@njit(nogil=True, cache=True)
+def _stuck(ctl, which):
+    """The pid holding up HEAD (which=0: a reader of the previous lap) or TAIL (which=1:
+    a writer of this lap), with the state word it is in; (0, 0) when nothing is."""
+    cap = ctl[CAPACITY]
+    pos = load_acquire(ctl, TAIL if which else HEAD)
+    lap = pos // cap
+    s = load_acquire(ctl, _state_word(ctl, pos % cap))
+    if which == 1 and _lap(s) == lap & LAP_MASK and _phase(s) == WRITING:
+        return s & PID_MASK, s
+    if which == 0 and _lap(s) == (lap - 1) & LAP_MASK and _phase(s) == READING:
+        return s & PID_MASK, s
+    return 0, 0
+
+
+@njit(nogil=True, cache=True)
+def _drop_claim(ctl, which, s):
+    """Free the slot whose state is still exactly ``s`` (a dead claimant's); True if done."""
+    cap = ctl[CAPACITY]
+    pos = load_acquire(ctl, TAIL if which else HEAD)
+    sw = _state_word(ctl, pos % cap)
+    if cas(ctl, sw, s, _pack(_lap(s) + 1, FREE, 0)) != s:
+        return False
+    if which == 1:
+        cas(ctl, TAIL, pos, pos + 1)
+    fetch_add(ctl, DEAD_CLAIMS, 1)
+    notify(ctl, EV_NOT_FULL)
+    notify(ctl, EV_NOT_EMPTY)
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+class MPMCRing(ByteRing):
+    """A ring of byte messages for any number of producer and consumer processes.
+
+    A producer or consumer SIGKILLed in the middle of a message costs that one
+    message (counted in ``statistics().dead_claims_skipped``) and stalls the others
+    for at most about a sleep chunk (50 ms) plus the time to notice."""
+
+    KIND = "mpmc"
+    SLOT_WORDS_PER_SLOT = WORDS_PER_LINE
+    RELEASES_IN_ORDER = False
+    kernels = Kernels(
+        put=_put,
+        put_rows=_put_rows,
+        put_packed=_put_packed,
+        reserve=_reserve,
+        commit=_commit,
+        peek=_peek,
+        peek_many=_peek_many,
+        release=_release,
+        watch_write=_watch_write,
+        watch_read=_watch_read,
+    )
+
+    def _lengths(self, slot: int, k: int) -> np.ndarray:
+        first = self._slot_words + slot * WORDS_PER_LINE + 1
+        return self._ctl[first : first + k * WORDS_PER_LINE : WORDS_PER_LINE]
+
+    def _recover(self) -> None:
+        me = current_pid()
+        for which in (0, 1):
+            pid, state = _stuck(self._ctl, which)
+            if pid and pid != me and not pid_alive(pid):
+                _drop_claim(self._ctl, which, state)

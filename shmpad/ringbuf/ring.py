@@ -1,0 +1,540 @@
+"""The Python face of the byte rings: blocking, timeouts, views, batches, statistics.
+
+A ring kind (``spsc.py``, ``mpmc.py``) supplies numba kernels with one calling
+convention; this module turns them into ``put``/``get`` and friends. The fast
+path of every call is one compiled kernel call: on success nothing else runs.
+Kernels take the control words (``ctl``, the data area as int64) and the pid of
+the calling process, and return a result >= 0 or a code from ``layout.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator, NamedTuple, Sequence
+
+import numpy as np
+from numba import njit, typeof
+
+from shmpad.errors import Closed, Timeout, WouldBlock
+from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire, store_release
+from shmpad.ringbuf.layout import (
+    BYTES_GOT,
+    BYTES_PUT,
+    CAPACITY,
+    CLOSED,
+    CLOSED_CODE,
+    CONTROL_WORDS,
+    DEAD_CLAIMS,
+    EV_NOT_EMPTY,
+    EV_NOT_FULL,
+    GETS,
+    HEAD,
+    PUTS,
+    SLOT_SIZE,
+    SLOT_WORDS,
+    SLOTS,
+    STRIDE,
+    TAIL,
+    TOO_BIG,
+    WAITS_EMPTY,
+    WAITS_FULL,
+    round_up,
+)
+from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
+from shmpad.ringbuf.wait import finish_wait, notify_always, prepare_wait, sleep
+
+__all__ = ["ByteRing", "Kernels", "MessageBatch", "RingStatistics", "check_timeout", "current_pid"]
+
+# Spins before sleeping: long enough to cover a peer that is mid-copy (~tens of us).
+SPIN = 2000
+# A sleeper wakes at least this often to check deadlines and dead claims.
+SLEEP_CHUNK_S = 0.05
+MAX_SLOT_SIZE = (1 << 32) - 1
+MAX_CAPACITY = (1 << 31) - 1
+
+_pid = os.getpid()
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def current_pid() -> int:
+    """This process's pid, kept current across fork without a system call."""
+    return _pid
+
+
+class Kernels(NamedTuple):
+    """The compiled operations a ring kind provides (see each kind's module)."""
+
+    put: Callable
+    put_rows: Callable
+    put_packed: Callable
+    reserve: Callable
+    commit: Callable
+    peek: Callable
+    peek_many: Callable
+    release: Callable
+    watch_write: Callable
+    watch_read: Callable
+
+
+@dataclass(frozen=True)
+class RingStatistics:
+    """Counters of a ring since it was created, summed over every process that used it."""
+
+    capacity: int
+    size: int
+    puts: int
+    gets: int
+    bytes_put: int
+    bytes_got: int
+    waits_full: int
+    waits_empty: int
+    dead_claims_skipped: int
+    closed: bool
+
+
+class MessageBatch:
+    """Messages taken by one ``get_many`` call, in consecutive slots, without a copy.
+
+    ``rows`` is a read-only ``[k, stride]`` uint8 view of the slots and
+    ``lengths[j]`` the length of message ``j``; ``batch[j]`` is a read-only
+    memoryview of message ``j``. Valid until the ring's ``release()``.
+    """
+
+    __slots__ = ("rows", "lengths")
+
+    def __init__(self, rows: np.ndarray, lengths: np.ndarray):
+        self.rows = rows
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def __getitem__(self, j: int) -> memoryview:
+        return self.rows[j, : self.lengths[j]].data
+
+    def __iter__(self) -> Iterator[memoryview]:
+        for row, n in zip(self.rows, self.lengths.tolist()):
+            yield row[:n].data
+
+    def to_bytes(self) -> list[bytes]:
+        """Copies of the messages, valid after ``release()``."""
+        return [bytes(m) for m in self]
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """The monotonic deadline of ``timeout`` seconds (None: no deadline)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
+    return time.monotonic() + timeout
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    return int(value)
+
+
+def _as_u8(data: Any) -> np.ndarray:
+    """A 1-D uint8 view of any C-contiguous bytes-like object (no copy)."""
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        return data.reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    except TypeError:
+        raise TypeError(f"a message must be bytes-like (bytes, bytearray, memoryview, numpy array), got {type(data).__name__}") from None
+
+
+def fast_entry(dispatcher, *example_args):
+    """The compiled entry point of ``dispatcher`` for arguments typed like ``example_args``.
+
+    Calling the entry point skips numba's per-call type dispatch (about half of the
+    ~250 ns a small call costs). Callers must pass exactly those types."""
+    sig = tuple(typeof(a) for a in example_args)
+    dispatcher.compile(sig)
+    cres = dispatcher.overloads.get(sig)
+    return getattr(cres, "entry_point", None) or dispatcher
+
+
+@njit(nogil=True, cache=True)
+def _wait_change(ctl, idx, old, ev, spin, timeout_ns):
+    """Spin, then sleep on the event ``ev``, until ``ctl[idx]`` differs from ``old`` or the
+    ring is closed; nonzero if it did within ``timeout_ns``."""
+    for _ in range(spin):
+        if load_acquire(ctl, idx) != old:  # pairs with the release store that changed it
+            return 1
+        cpu_pause()
+    seq = prepare_wait(ctl, ev)
+    changed = load_acquire(ctl, idx) != old or load_acquire(ctl, CLOSED) != 0
+    if not changed:
+        sleep(ctl, ev, seq, timeout_ns)
+        changed = load_acquire(ctl, idx) != old
+    finish_wait(ctl, ev)
+    return 1 if changed else 0
+
+
+@njit(nogil=True, cache=True)
+def _count(ctl, idx):
+    fetch_add(ctl, idx, 1)
+
+
+@njit(nogil=True, cache=True)
+def _close(ctl):
+    store_release(ctl, CLOSED, 1)  # pairs with load_acquire(CLOSED) in the kernels' drain checks
+    notify_always(ctl, EV_NOT_EMPTY)
+    notify_always(ctl, EV_NOT_FULL)
+
+
+@njit(nogil=True, cache=True)
+def _load(ctl, idx):
+    return load_acquire(ctl, idx)
+
+
+class ByteRing:
+    """Shared behaviour of the byte-message rings; use ``SPSCRing`` or ``MPMCRing``."""
+
+    KIND: ClassVar[str]
+    kernels: ClassVar[Kernels]
+    SLOT_WORDS_PER_SLOT: ClassVar[int]
+    RELEASES_IN_ORDER: ClassVar[bool] = True
+
+    @classmethod
+    def create(cls, capacity: int, slot_size: int, name: str | None = None):
+        """A new ring of ``capacity`` slots, each holding a message of up to ``slot_size`` bytes."""
+        capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
+        slot_size = _check_int("slot_size", slot_size, 1, MAX_SLOT_SIZE)
+        stride = round_up(slot_size, CACHE_LINE)
+        slot_words = CONTROL_WORDS
+        slots = round_up(8 * (slot_words + capacity * cls.SLOT_WORDS_PER_SLOT), PAGE)
+        meta = {"capacity": capacity, "slot_size": slot_size}
+        seg = Segment.create(cls.KIND, meta, slots + capacity * stride, name=name)
+        ctl = seg.data.view(np.int64)
+        ctl[CAPACITY] = capacity
+        ctl[SLOT_SIZE] = slot_size
+        ctl[STRIDE] = stride
+        ctl[SLOT_WORDS] = slot_words
+        ctl[SLOTS] = slots
+        del ctl
+        return cls(seg)
+
+    @classmethod
+    def attach(cls, name: str):
+        """Attach to a ring another process created, by name."""
+        return cls(Segment.attach(name, cls.KIND))
+
+    def __init__(self, segment: Segment):
+        self._seg = segment
+        ctl = segment.data.view(np.int64)
+        self._ctl = ctl
+        self.capacity = int(ctl[CAPACITY])
+        self.slot_size = int(ctl[SLOT_SIZE])
+        if self.capacity != segment.meta.get("capacity") or self.slot_size != segment.meta.get("slot_size"):
+            raise ValueError(f"ring {segment.name!r} is damaged: control block and metadata disagree")
+        self._stride = int(ctl[STRIDE])
+        self._slot_words = int(ctl[SLOT_WORDS])
+        slots = int(ctl[SLOTS])
+        self._slots_abs = segment.data_offset + slots
+        self._mm = segment._mmap
+        self._rw = memoryview(segment._mmap)
+        self._ro = self._rw.toreadonly()
+        rows = segment.data[slots : slots + self.capacity * self._stride].reshape(self.capacity, self._stride)
+        rows.flags.writeable = False
+        self._rows = rows
+        self._held: list[tuple[int, int]] = []
+        self._reserved = -1
+        self._reserved_n = 0
+        k = self.kernels
+        self._put = fast_entry(k.put, ctl, b"", 0)
+        self._peek = fast_entry(k.peek, ctl, 0)
+        self._release = fast_entry(k.release, ctl, 0, 0)
+
+    @property
+    def name(self) -> str:
+        """The segment's name: ``attach(name)`` in another process reaches this ring."""
+        return self._seg.name
+
+    def __reduce__(self):
+        return (type(self).attach, (self._seg.name,))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, capacity={self.capacity}, slot_size={self.slot_size})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- producing -------------------------------------------------------------------
+
+    def put(self, data: Any, timeout: float | None = None) -> None:
+        """Copy ``data`` (bytes-like, up to ``slot_size`` bytes) into the ring, waiting
+        up to ``timeout`` seconds for a free slot (None: as long as it takes)."""
+        if type(data) is bytes:
+            r = self._put(self._ctl, data, _pid)
+        else:
+            data = _as_u8(data)
+            r = self.kernels.put(self._ctl, data, _pid)
+        if r != 0:
+            put = self.kernels.put
+            self._retry(r, lambda: put(self._ctl, data, _pid), False, timeout, "put", data)
+
+    def put_nowait(self, data: Any) -> None:
+        """``put`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
+        if type(data) is bytes:
+            r = self._put(self._ctl, data, _pid)
+        else:
+            data = _as_u8(data)
+            r = self.kernels.put(self._ctl, data, _pid)
+        if r != 0:
+            self._raise_for(r, data)
+            raise WouldBlock(f"ring is full ({self.capacity} messages)")
+
+    def put_many(self, messages: Sequence[Any] | np.ndarray, timeout: float | None = None) -> None:
+        """Put every message, in order, waiting for space as needed.
+
+        ``messages`` is a sequence of bytes-like objects or, fastest, a 2-D
+        C-contiguous uint8 array whose rows are the messages. On ``Timeout`` or
+        ``Closed`` the exception says how many were put (a prefix)."""
+        if isinstance(messages, np.ndarray) and messages.ndim == 2:
+            rows = messages if messages.dtype == np.uint8 and messages.flags.c_contiguous else _rows_u8(messages)
+            if rows.shape[1] > self.slot_size:
+                raise ValueError(f"slot holds at most {self.slot_size} bytes, got messages of {rows.shape[1]}")
+            total = rows.shape[0]
+            put_rows = self.kernels.put_rows
+            step = lambda: put_rows(self._ctl, rows, done, _pid)  # noqa: E731
+        else:
+            parts = [m if type(m) is bytes else _as_u8(m) for m in messages]
+            lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+            if len(parts) and lengths.max() > self.slot_size:
+                j = int(lengths.argmax())
+                raise ValueError(f"slot holds at most {self.slot_size} bytes, got {lengths[j]} (message {j})")
+            offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
+            total = len(parts)
+            put_packed = self.kernels.put_packed
+            step = lambda: put_packed(self._ctl, buf, offsets, done, _pid)  # noqa: E731
+        deadline = check_timeout(timeout)
+        done = 0
+        counter = WAITS_FULL
+        while done < total:
+            k = step()
+            if k == CLOSED_CODE:
+                raise Closed(f"ring is closed; put_many put {done} of {total} messages")
+            done += k
+            if done < total and k == 0:
+                try:
+                    self._wait(False, counter, deadline, timeout, "put_many")
+                except Timeout:
+                    raise Timeout(f"put_many timed out after {timeout} s with {done} of {total} messages put") from None
+                counter = -1
+
+    def reserve(self, n: int, timeout: float | None = None) -> memoryview:
+        """A writable view of a free slot for ``n`` bytes, written in place; ``commit()``
+        publishes it. One reservation at a time per ring handle."""
+        if self._reserved >= 0:
+            raise RuntimeError("reserve() called again before commit() of the previous reservation")
+        n = _check_int("n", n, 0, self.slot_size)
+        reserve = self.kernels.reserve
+        r = reserve(self._ctl, n, _pid)
+        if r < 0:
+            r = self._retry(r, lambda: reserve(self._ctl, n, _pid), False, timeout, "reserve", None)
+        self._reserved = r
+        self._reserved_n = n
+        off = self._slots_abs + r * self._stride
+        return self._rw[off : off + n]
+
+    def commit(self, n: int | None = None) -> None:
+        """Publish the reserved slot with its first ``n`` bytes (default: all reserved)."""
+        if self._reserved < 0:
+            raise RuntimeError("commit() without a reserve()")
+        n = self._reserved_n if n is None else _check_int("n", n, 0, self._reserved_n)
+        slot, self._reserved = self._reserved, -1
+        self.kernels.commit(self._ctl, slot, n)
+
+    # -- consuming -------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> memoryview:
+        """The next message as a read-only view into the ring, valid until ``release()``."""
+        r = self._peek(self._ctl, _pid)
+        if r < 0:
+            r = self._retry(r, self._peek_once, True, timeout, "get", None)
+        slot = r >> 32
+        self._held.append((slot, 1))
+        off = self._slots_abs + slot * self._stride
+        return self._ro[off : off + (r & 0xFFFFFFFF)]
+
+    def get_nowait(self) -> memoryview:
+        """``get`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
+        r = self._peek(self._ctl, _pid)
+        if r < 0:
+            self._raise_empty(r)
+        slot = r >> 32
+        self._held.append((slot, 1))
+        off = self._slots_abs + slot * self._stride
+        return self._ro[off : off + (r & 0xFFFFFFFF)]
+
+    def get_bytes(self, timeout: float | None = None) -> bytes:
+        """The next message as a copy; its slot is free again at once."""
+        r = self._peek(self._ctl, _pid)
+        if r < 0:
+            r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
+        return self._copy_out(r)
+
+    def get_bytes_nowait(self) -> bytes:
+        """``get_bytes`` that raises ``WouldBlock`` instead of waiting."""
+        r = self._peek(self._ctl, _pid)
+        if r < 0:
+            self._raise_empty(r)
+        return self._copy_out(r)
+
+    def _peek_once(self) -> int:
+        return self._peek(self._ctl, _pid)
+
+    def _copy_out(self, r: int) -> bytes:
+        slot = r >> 32
+        off = self._slots_abs + slot * self._stride
+        data = self._mm[off : off + (r & 0xFFFFFFFF)]
+        if self._held and self.RELEASES_IN_ORDER:
+            self._held.append((slot, 1))  # freed with the views taken before it
+        else:
+            self._release(self._ctl, slot, 1)
+        return data
+
+    def get_many(self, max_n: int, timeout: float | None = None) -> MessageBatch:
+        """Between 1 and ``max_n`` messages from consecutive slots, without a copy,
+        waiting up to ``timeout`` for the first. Valid until ``release()``."""
+        max_n = _check_int("max_n", max_n, 1, MAX_CAPACITY)
+        peek_many = self.kernels.peek_many
+        r = peek_many(self._ctl, max_n, _pid)
+        if r < 0:
+            r = self._retry(r, lambda: peek_many(self._ctl, max_n, _pid), True, timeout, "get_many", None)
+        slot, k = r >> 32, r & 0xFFFFFFFF
+        self._held.append((slot, k))
+        return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
+
+    def release(self) -> None:
+        """Free the slots of every view handed out by ``get``/``get_many`` so far."""
+        held = self._held
+        if not held:
+            return
+        if self.RELEASES_IN_ORDER:
+            self._release(self._ctl, 0, 0)
+        else:
+            for slot, k in held:
+                self._release(self._ctl, slot, k)
+        held.clear()
+
+    # -- shared ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the ring for every process: puts raise ``Closed``, gets drain what is
+        left and then raise ``Closed``, and every waiter wakes. The creating handle's
+        close also removes the segment's name. Idempotent."""
+        _close(self._ctl)
+        if self._seg.owned:
+            self._seg.unlink()
+
+    @property
+    def closed(self) -> bool:
+        return bool(_load(self._ctl, CLOSED))
+
+    def statistics(self) -> RingStatistics:
+        c = self._ctl
+        return RingStatistics(
+            capacity=self.capacity,
+            size=max(0, int(_load(c, HEAD)) - int(_load(c, TAIL))),
+            puts=int(_load(c, PUTS)),
+            gets=int(_load(c, GETS)),
+            bytes_put=int(_load(c, BYTES_PUT)),
+            bytes_got=int(_load(c, BYTES_GOT)),
+            waits_full=int(_load(c, WAITS_FULL)),
+            waits_empty=int(_load(c, WAITS_EMPTY)),
+            dead_claims_skipped=int(_load(c, DEAD_CLAIMS)),
+            closed=bool(_load(c, CLOSED)),
+        )
+
+    def _lengths(self, slot: int, k: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _recover(self) -> None:
+        """Called when a wait made no progress for a sleep chunk: kinds that can detect
+        dead claims do it here."""
+
+    def _raise_for(self, r: int, data: Any) -> None:
+        if r == CLOSED_CODE:
+            raise Closed("ring is closed")
+        if r == TOO_BIG:
+            n = len(data) if data is not None else -1
+            raise ValueError(f"slot holds at most {self.slot_size} bytes, got {n}")
+
+    def _raise_empty(self, r: int, wait_ok: bool = False) -> None:
+        if r == CLOSED_CODE:
+            raise Closed("ring is closed and drained")
+        if not wait_ok and r < 0:
+            raise WouldBlock("ring is empty")
+
+    def _retry(self, r: int, attempt: Callable[[], int], reading: bool, timeout, what: str, data) -> int:
+        """Wait and retry ``attempt`` until it succeeds (returns >= 0); ``r`` is the
+        failed first attempt's code."""
+        if reading:
+            self._raise_empty(r, wait_ok=True)
+        else:
+            self._raise_for(r, data)
+        deadline = check_timeout(timeout)
+        counter = WAITS_EMPTY if reading else WAITS_FULL
+        while True:
+            self._wait(reading, counter, deadline, timeout, what)
+            counter = -1
+            r = attempt()
+            if r >= 0:
+                return r
+            if reading:
+                self._raise_empty(r, wait_ok=True)
+            else:
+                self._raise_for(r, data)
+
+    def _wait(self, reading: bool, counter: int, deadline: float | None, timeout, what: str) -> None:
+        """Block until the ring may have become readable (or writable), counting one
+        wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``."""
+        if counter >= 0:
+            _count(self._ctl, counter)
+        watch = self.kernels.watch_read if reading else self.kernels.watch_write
+        ev = EV_NOT_EMPTY if reading else EV_NOT_FULL
+        while True:
+            idx, old = watch(self._ctl, _pid)
+            if idx < 0:
+                return
+            if deadline is None:
+                chunk = SLEEP_CHUNK_S
+            else:
+                chunk = min(deadline - time.monotonic(), SLEEP_CHUNK_S)
+                if chunk <= 0:
+                    state = "empty" if reading else "full"
+                    raise Timeout(f"{what} timed out after {timeout} s: ring {state} ({self.capacity} slots)")
+            if _wait_change(self._ctl, idx, old, ev, SPIN, math.ceil(chunk * 1e9)):
+                return
+            self._recover()
+
+
+def _rows_u8(messages: np.ndarray) -> np.ndarray:
+    rows = np.ascontiguousarray(messages)
+    return rows.view(np.uint8).reshape(rows.shape[0], -1)

@@ -1,0 +1,283 @@
+"""Single-producer single-consumer ring of byte messages in shared memory.
+
+Layout of the data area (after the control block of ``layout.py``)::
+
+    word  SLOT_WORDS + i, i < capacity     length in bytes of the message in slot i
+    byte  SLOTS + i * STRIDE                payload of slot i (64-byte aligned)
+
+HEAD counts published messages and TAIL released ones; slot ``i`` of position
+``p`` is ``p % capacity``. The producer writes the payload and the length, then
+publishes with one release store of HEAD; the consumer reads HEAD with an acquire
+load only when its cached copy (HEAD_SEEN) says the ring is empty, and the
+producer reads TAIL only when TAIL_SEEN says it is full. The read cursor READ runs
+ahead of TAIL while zero-copy views are held; ``release`` publishes it as TAIL.
+A consumer in a new process (READER differs) resumes from TAIL, so messages a dead
+consumer held but never released are delivered again.
+
+One producer and one consumer at a time, each in one thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from shmpad.ringbuf.atomics import load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.ringbuf.layout import (
+    BYTES_GOT,
+    BYTES_PUT,
+    CAPACITY,
+    CLOSED,
+    CLOSED_CODE,
+    EMPTY,
+    EV_NOT_EMPTY,
+    EV_NOT_FULL,
+    FULL,
+    GETS,
+    HEAD,
+    HEAD_SEEN,
+    PUTS,
+    READ,
+    READER,
+    SLOT_SIZE,
+    SLOT_WORDS,
+    SLOTS,
+    STRIDE,
+    TAIL,
+    TAIL_SEEN,
+    TOO_BIG,
+)
+from shmpad.ringbuf.memcopy import copy_bytes
+from shmpad.ringbuf.ring import ByteRing, Kernels
+from shmpad.ringbuf.wait import notify
+
+__all__ = ["SPSCRing"]
+
+
+@njit(nogil=True, cache=True)
+def _free(ctl, head):
+    """Free slots seen by the producer at ``head``."""
+    cap = ctl[CAPACITY]
+    free = cap - (head - load_relaxed(ctl, TAIL_SEEN))
+    if free <= 0:
+        tail = load_acquire(ctl, TAIL)  # pairs with store_release(TAIL) in _release
+        store_relaxed(ctl, TAIL_SEEN, tail)
+        free = cap - (head - tail)
+    return free
+
+
+@njit(nogil=True, cache=True)
+def _reader(ctl, pid):
+    """The read cursor, resumed from TAIL when a new consumer process takes over."""
+    if load_relaxed(ctl, READER) != pid:
+        store_relaxed(ctl, READ, load_relaxed(ctl, TAIL))
+        store_relaxed(ctl, READER, pid)
+    return load_relaxed(ctl, READ)
+
+
+@njit(nogil=True, cache=True)
+def _available(ctl, rd):
+    """Published messages from ``rd`` on."""
+    avail = load_relaxed(ctl, HEAD_SEEN) - rd
+    if avail <= 0:
+        head = load_acquire(ctl, HEAD)  # pairs with store_release(HEAD) in _publish
+        store_relaxed(ctl, HEAD_SEEN, head)
+        avail = head - rd
+    return avail
+
+
+@njit(nogil=True, cache=True)
+def _publish(ctl, head, k, nbytes):
+    store_release(ctl, HEAD, head + k)  # pairs with load_acquire(HEAD) in _available
+    store_relaxed(ctl, PUTS, head + k)
+    store_relaxed(ctl, BYTES_PUT, load_relaxed(ctl, BYTES_PUT) + nbytes)
+    notify(ctl, EV_NOT_EMPTY)
+
+
+@njit(nogil=True, cache=True)
+def _put(ctl, msg, pid):
+    n = len(msg)
+    if load_relaxed(ctl, CLOSED) != 0:
+        return CLOSED_CODE
+    if n > ctl[SLOT_SIZE]:
+        return TOO_BIG
+    head = load_relaxed(ctl, HEAD)
+    if _free(ctl, head) <= 0:
+        return FULL
+    i = head % ctl[CAPACITY]
+    store_relaxed(ctl, ctl[SLOT_WORDS] + i, n)
+    copy_bytes(ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], msg, 0, n)
+    _publish(ctl, head, 1, n)
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def _put_rows(ctl, rows, first, pid):
+    """Put rows ``first..`` of a 2-D uint8 array, as many as fit; returns how many."""
+    if load_relaxed(ctl, CLOSED) != 0:
+        return CLOSED_CODE
+    n = rows.shape[1]
+    if n > ctl[SLOT_SIZE]:
+        return TOO_BIG
+    head = load_relaxed(ctl, HEAD)
+    k = min(_free(ctl, head), rows.shape[0] - first)
+    if k <= 0:
+        return 0
+    cap, stride, slots, lens = ctl[CAPACITY], ctl[STRIDE], ctl[SLOTS], ctl[SLOT_WORDS]
+    data = ctl.view(np.uint8)
+    flat = rows.reshape(-1)
+    for j in range(k):
+        i = (head + j) % cap
+        store_relaxed(ctl, lens + i, n)
+        copy_bytes(data, slots + i * stride, flat, (first + j) * n, n)
+    _publish(ctl, head, k, k * n)
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _put_packed(ctl, buf, offsets, first, pid):
+    """Put messages ``first..`` of ``buf`` (message j is ``buf[offsets[j]:offsets[j+1]]``)."""
+    if load_relaxed(ctl, CLOSED) != 0:
+        return CLOSED_CODE
+    head = load_relaxed(ctl, HEAD)
+    k = min(_free(ctl, head), offsets.shape[0] - 1 - first)
+    if k <= 0:
+        return 0
+    cap, stride, slots, lens, size = ctl[CAPACITY], ctl[STRIDE], ctl[SLOTS], ctl[SLOT_WORDS], ctl[SLOT_SIZE]
+    data = ctl.view(np.uint8)
+    total = 0
+    for j in range(k):
+        a = offsets[first + j]
+        n = offsets[first + j + 1] - a
+        if n > size:
+            k = j
+            break
+        i = (head + j) % cap
+        store_relaxed(ctl, lens + i, n)
+        copy_bytes(data, slots + i * stride, buf, a, n)
+        total += n
+    if k > 0:
+        _publish(ctl, head, k, total)
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _reserve(ctl, n, pid):
+    """Claim the next slot for ``n`` bytes written in place; returns its index."""
+    if load_relaxed(ctl, CLOSED) != 0:
+        return CLOSED_CODE
+    if n > ctl[SLOT_SIZE]:
+        return TOO_BIG
+    head = load_relaxed(ctl, HEAD)
+    if _free(ctl, head) <= 0:
+        return FULL
+    return head % ctl[CAPACITY]
+
+
+@njit(nogil=True, cache=True)
+def _commit(ctl, slot, n):
+    head = load_relaxed(ctl, HEAD)
+    store_relaxed(ctl, ctl[SLOT_WORDS] + slot, n)
+    _publish(ctl, head, 1, n)
+
+
+@njit(nogil=True, cache=True)
+def _closed_and_drained(ctl, rd):
+    if load_acquire(ctl, CLOSED) != 0 and _available(ctl, rd) <= 0:
+        return CLOSED_CODE
+    return EMPTY
+
+
+@njit(nogil=True, cache=True)
+def _peek(ctl, pid):
+    """Take the next message without releasing it: ``slot << 32 | length``, or a code."""
+    rd = _reader(ctl, pid)
+    if _available(ctl, rd) <= 0:
+        return _closed_and_drained(ctl, rd)
+    i = rd % ctl[CAPACITY]
+    n = load_relaxed(ctl, ctl[SLOT_WORDS] + i)
+    store_relaxed(ctl, READ, rd + 1)
+    store_relaxed(ctl, GETS, load_relaxed(ctl, GETS) + 1)
+    store_relaxed(ctl, BYTES_GOT, load_relaxed(ctl, BYTES_GOT) + n)
+    return (i << 32) | n
+
+
+@njit(nogil=True, cache=True)
+def _peek_many(ctl, max_n, pid):
+    """Take up to ``max_n`` messages in consecutive slots (never wrapping): ``slot << 32 | k``."""
+    rd = _reader(ctl, pid)
+    avail = _available(ctl, rd)
+    if avail <= 0:
+        return _closed_and_drained(ctl, rd)
+    cap = ctl[CAPACITY]
+    i = rd % cap
+    k = min(avail, max_n, cap - i)
+    lens = ctl[SLOT_WORDS]
+    total = 0
+    for j in range(k):
+        total += load_relaxed(ctl, lens + i + j)
+    store_relaxed(ctl, READ, rd + k)
+    store_relaxed(ctl, GETS, load_relaxed(ctl, GETS) + k)
+    store_relaxed(ctl, BYTES_GOT, load_relaxed(ctl, BYTES_GOT) + total)
+    return (i << 32) | k
+
+
+@njit(nogil=True, cache=True)
+def _release(ctl, slot, k):
+    """Free every slot taken so far (SPSC releases in order; ``slot`` and ``k`` unused)."""
+    rd = load_relaxed(ctl, READ)
+    if rd != load_relaxed(ctl, TAIL):
+        store_release(ctl, TAIL, rd)  # pairs with load_acquire(TAIL) in _free
+        notify(ctl, EV_NOT_FULL)
+
+
+@njit(nogil=True, cache=True)
+def _watch_write(ctl, pid):
+    """(-1, 0) if a put could go ahead (space, or closed); else the word to watch (TAIL)
+    and the value it had when the ring was seen full."""
+    if load_relaxed(ctl, CLOSED) != 0:
+        return -1, 0
+    tail = load_acquire(ctl, TAIL)  # pairs with store_release(TAIL) in _release
+    if load_relaxed(ctl, HEAD) - tail < ctl[CAPACITY]:
+        return -1, 0
+    return TAIL, tail
+
+
+@njit(nogil=True, cache=True)
+def _watch_read(ctl, pid):
+    """(-1, 0) if a get could go ahead (a message, or closed); else (HEAD, its value)."""
+    if load_relaxed(ctl, CLOSED) != 0:
+        return -1, 0
+    head = load_acquire(ctl, HEAD)  # pairs with store_release(HEAD) in _publish
+    if head > _reader(ctl, pid):
+        return -1, 0
+    return HEAD, head
+
+
+class SPSCRing(ByteRing):
+    """A ring of byte messages for exactly one producer and one consumer.
+
+    >>> ring = SPSCRing.create(capacity=1024, slot_size=4096)
+    >>> ring.put(b"hello")
+    >>> bytes(ring.get()); ring.release()
+    b'hello'
+    """
+
+    KIND = "spsc"
+    SLOT_WORDS_PER_SLOT = 1
+    kernels = Kernels(
+        put=_put,
+        put_rows=_put_rows,
+        put_packed=_put_packed,
+        reserve=_reserve,
+        commit=_commit,
+        peek=_peek,
+        peek_many=_peek_many,
+        release=_release,
+        watch_write=_watch_write,
+        watch_read=_watch_read,
+    )
+
+    def _lengths(self, slot: int, k: int) -> np.ndarray:
+        base = self._slot_words
+        return self._ctl[base + slot : base + slot + k]

@@ -1,0 +1,93 @@
+"""Session-wide shared-memory leak check, and fixtures the ring-buffer tests share.
+
+Every test must leave /dev/shm as it found it. At the end of the session, any
+``shmpad.*`` entry that this session made and that is still there is listed, the
+session fails (exit status 1), and the entry is removed so that it does not outlive
+the run. Tests that want the check per test use the ``shm_leak_check`` fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import helpers  # noqa: E402
+
+LEAK_GRACE = 5.0
+
+_leftovers_key = pytest.StashKey[list]()
+_start_key = pytest.StashKey[set]()
+
+
+def _remove(names) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(helpers.SHM_DIR, name))
+        except FileNotFoundError:
+            pass
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_start_key] = helpers.shm_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    leftovers = _new_entries(session.config.stash.get(_start_key, set()))
+    session.config.stash[_leftovers_key] = leftovers
+    if leftovers:
+        _remove(leftovers)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    leftovers = config.stash.get(_leftovers_key, [])
+    if leftovers:
+        terminalreporter.section("shared-memory leak", sep="=", red=True, bold=True)
+        terminalreporter.write_line(
+            f"{len(leftovers)} /dev/shm entries made by this session were left behind (now removed):"
+        )
+        for name in leftovers:
+            terminalreporter.write_line(f"  /dev/shm/{name}")
+
+
+def _new_entries(before: set[str]) -> list[str]:
+    """Entries made by this session since ``before``, once the janitors at work are done.
+
+    A janitor unlinks a few milliseconds after the last process of its program died; an
+    entry that is still there after ``LEAK_GRACE`` seconds has leaked.
+    """
+    helpers.wait_until(lambda: not helpers.ours(helpers.shm_entries() - before), LEAK_GRACE)
+    return sorted(helpers.ours(helpers.shm_entries() - before))
+
+
+@pytest.fixture
+def shm_leak_check():
+    """Fail the test if it leaves a ``shmpad.*`` entry in /dev/shm that was not there before it."""
+    before = helpers.shm_entries()
+    yield
+    leaked = _new_entries(before)
+    if leaked:
+        _remove(leaked)
+        pytest.fail(f"test left shared-memory segments behind (now removed): {leaked}")
+
+
+@pytest.fixture
+def make_segment():
+    """``make_segment(kind="test", meta=None, data_bytes=4096, name=None)`` creates a segment that
+    is unlinked when the test ends."""
+    from shmpad.ringbuf.segment import Segment
+
+    made = []
+
+    def make(kind: str = "test", meta: dict | None = None, data_bytes: int = 4096, name: str | None = None):
+        seg = Segment.create(kind, meta if meta is not None else {}, data_bytes, name=name)
+        made.append(seg)
+        return seg
+
+    yield make
+    for seg in made:
+        seg.unlink()
