@@ -12,6 +12,7 @@ from shmpad.ringbuf import MPMCRing
 from shmpad.ringbuf import MessageBatch
 from shmpad.ringbuf import RingStatistics
 from shmpad.ringbuf import SPSCRing
+from shmpad.ringbuf import TypedRing
 from shmpad.ringbuf import WeightStore
 from shmpad.ringbuf import WeightStoreStatistics
 
@@ -26,6 +27,7 @@ __all__ = [
     "SegmentError",
     "ShmpadError",
     "Timeout",
+    "TypedRing",
     "WeightStore",
     "WeightStoreStatistics",
     "WouldBlock",

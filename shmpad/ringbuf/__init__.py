@@ -5,6 +5,7 @@ from shmpad.ringbuf.ring import MessageBatch
 from shmpad.ringbuf.ring import RingStatistics
 from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.spsc import SPSCRing
+from shmpad.ringbuf.typed import TypedRing
 from shmpad.ringbuf.weights import WeightStore
 from shmpad.ringbuf.weights import WeightStoreStatistics
 
@@ -14,6 +15,7 @@ __all__ = [
     "RingStatistics",
     "SPSCRing",
     "Segment",
+    "TypedRing",
     "WeightStore",
     "WeightStoreStatistics",
 ]

@@ -123,7 +123,7 @@ def _publish(ctl, i, n):
     store_release(ctl, sw, _pack(_lap(s), READY, s & PID_MASK))  # pairs with load_acquire(sw) in _claim_read
 
 
-@njit(nogil=True, cache=True)
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
 def _put(ctl, msg, pid):
     n = len(msg)
     if n > ctl[SLOT_SIZE]:
@@ -234,8 +234,11 @@ def _claim_read(ctl, pid):
             cas(ctl, TAIL, pos, pos + 1)  # consumed and released before TAIL moved
 
 
-@njit(nogil=True, cache=True)
-def _peek(ctl, pid):
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
+def _peek(ctl, pid, prev):
+    """Claim the next message: ``slot << 32 | length``, or a code. ``prev`` is unused:
+    an MPMC consumer frees each slot at once, since a slot it kept while idle would
+    stall every producer a lap later."""
     i = _claim_read(ctl, pid)
     if i < 0:
         return i
@@ -273,7 +276,7 @@ def _peek_many(ctl, max_n, pid):
     return (i << 32) | k
 
 
-@njit(nogil=True, cache=True)
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
 def _release(ctl, i, k):
     for j in range(k):
         sw = _state_word(ctl, i + j)

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, Iterator, NamedTuple, Sequence
 import numpy as np
 from numba import njit, typeof
 
-from shmpad.errors import Closed, Timeout, WouldBlock
+from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire, store_release
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
@@ -214,30 +214,42 @@ class ByteRing:
     kernels: ClassVar[Kernels]
     SLOT_WORDS_PER_SLOT: ClassVar[int]
     RELEASES_IN_ORDER: ClassVar[bool] = True
+    DEFERS_RELEASE: ClassVar[bool] = False
 
     @classmethod
     def create(cls, capacity: int, slot_size: int, name: str | None = None):
         """A new ring of ``capacity`` slots, each holding a message of up to ``slot_size`` bytes."""
         capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
         slot_size = _check_int("slot_size", slot_size, 1, MAX_SLOT_SIZE)
+        return cls(cls._create_segment(capacity, slot_size, name, {}, 0))
+
+    @classmethod
+    def _create_segment(cls, capacity: int, slot_size: int, name, extra_meta: dict, extra_bytes: int) -> Segment:
+        """The segment of a ring; ``extra_bytes`` more, page-aligned at ``meta["extra"]``,
+        hold a payload laid out by the caller (typed rings)."""
         stride = round_up(slot_size, CACHE_LINE)
         slot_words = CONTROL_WORDS
         slots = round_up(8 * (slot_words + capacity * cls.SLOT_WORDS_PER_SLOT), PAGE)
-        meta = {"capacity": capacity, "slot_size": slot_size}
-        seg = Segment.create(cls.KIND, meta, slots + capacity * stride, name=name)
+        extra = round_up(slots + capacity * stride, PAGE)
+        meta = {"capacity": capacity, "slot_size": slot_size, **extra_meta}
+        if extra_bytes:
+            meta["extra"] = extra
+        seg = Segment.create(cls.KIND, meta, extra + extra_bytes, name=name)
         ctl = seg.data.view(np.int64)
         ctl[CAPACITY] = capacity
         ctl[SLOT_SIZE] = slot_size
         ctl[STRIDE] = stride
         ctl[SLOT_WORDS] = slot_words
         ctl[SLOTS] = slots
-        del ctl
-        return cls(seg)
+        return seg
 
     @classmethod
     def attach(cls, name: str):
         """Attach to a ring another process created, by name."""
-        return cls(Segment.attach(name, cls.KIND))
+        seg = Segment.attach(name, cls.KIND)
+        if "spec" in seg.meta:
+            raise SegmentError(f"segment {seg.name!r} holds a typed ring: attach it with TypedRing.attach")
+        return cls(seg)
 
     def __init__(self, segment: Segment):
         self._seg = segment
@@ -258,11 +270,12 @@ class ByteRing:
         rows.flags.writeable = False
         self._rows = rows
         self._held: list[tuple[int, int]] = []
+        self._pending = -1  # slot of the last get_bytes copy, freed by the next call
         self._reserved = -1
         self._reserved_n = 0
         k = self.kernels
         self._put = fast_entry(k.put, ctl, b"", 0)
-        self._peek = fast_entry(k.peek, ctl, 0)
+        self._peek = fast_entry(k.peek, ctl, 0, 0)
         self._release = fast_entry(k.release, ctl, 0, 0)
 
     @property
@@ -353,14 +366,19 @@ class ByteRing:
         if self._reserved >= 0:
             raise RuntimeError("reserve() called again before commit() of the previous reservation")
         n = _check_int("n", n, 0, self.slot_size)
+        self._reserved = self._claim_slot(n, timeout)
+        self._reserved_n = n
+        off = self._slots_abs + self._reserved * self._stride
+        return self._rw[off : off + n]
+
+    def _claim_slot(self, n: int, timeout: float | None) -> int:
+        """The index of a free slot claimed for writing ``n`` bytes; publish it with
+        ``kernels.commit``."""
         reserve = self.kernels.reserve
         r = reserve(self._ctl, n, _pid)
         if r < 0:
             r = self._retry(r, lambda: reserve(self._ctl, n, _pid), False, timeout, "reserve", None)
-        self._reserved = r
-        self._reserved_n = n
-        off = self._slots_abs + r * self._stride
-        return self._rw[off : off + n]
+        return r
 
     def commit(self, n: int | None = None) -> None:
         """Publish the reserved slot with its first ``n`` bytes (default: all reserved)."""
@@ -374,7 +392,8 @@ class ByteRing:
 
     def get(self, timeout: float | None = None) -> memoryview:
         """The next message as a read-only view into the ring, valid until ``release()``."""
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, _pid, self._pending)
+        self._pending = -1
         if r < 0:
             r = self._retry(r, self._peek_once, True, timeout, "get", None)
         slot = r >> 32
@@ -384,7 +403,8 @@ class ByteRing:
 
     def get_nowait(self) -> memoryview:
         """``get`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, _pid, self._pending)
+        self._pending = -1
         if r < 0:
             self._raise_empty(r)
         slot = r >> 32
@@ -393,46 +413,76 @@ class ByteRing:
         return self._ro[off : off + (r & 0xFFFFFFFF)]
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy; its slot is free again at once."""
-        r = self._peek(self._ctl, _pid)
+        """The next message as a copy; its slot is free again at once (SPSC: by the
+        next call on this handle). Nothing is left held."""
+        r = self._peek(self._ctl, _pid, self._pending)
         if r < 0:
+            self._pending = -1
             r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
         return self._copy_out(r)
 
     def get_bytes_nowait(self) -> bytes:
         """``get_bytes`` that raises ``WouldBlock`` instead of waiting."""
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, _pid, self._pending)
         if r < 0:
+            self._pending = -1
             self._raise_empty(r)
         return self._copy_out(r)
 
     def _peek_once(self) -> int:
-        return self._peek(self._ctl, _pid)
+        return self._peek(self._ctl, _pid, -1)
 
     def _copy_out(self, r: int) -> bytes:
         slot = r >> 32
         off = self._slots_abs + slot * self._stride
         data = self._mm[off : off + (r & 0xFFFFFFFF)]
-        if self._held and self.RELEASES_IN_ORDER:
-            self._held.append((slot, 1))  # freed with the views taken before it
+        if self._held:
+            self._pending = -1
+            if self.RELEASES_IN_ORDER:
+                self._held.append((slot, 1))  # freed with the views taken before it
+            else:
+                self._release(self._ctl, slot, 1)
+        elif self.DEFERS_RELEASE:
+            self._pending = slot  # the next call's peek frees it
         else:
+            self._pending = -1
             self._release(self._ctl, slot, 1)
         return data
 
     def get_many(self, max_n: int, timeout: float | None = None) -> MessageBatch:
         """Between 1 and ``max_n`` messages from consecutive slots, without a copy,
         waiting up to ``timeout`` for the first. Valid until ``release()``."""
+        slot, k = self._take_run(max_n, timeout, True)
+        return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
+
+    def get_many_nowait(self, max_n: int) -> MessageBatch:
+        """``get_many`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
+        slot, k = self._take_run(max_n, None, False)
+        return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
+
+    def _take_run(self, max_n: int, timeout: float | None, wait: bool) -> tuple[int, int]:
+        """Take up to ``max_n`` messages in consecutive slots, held until ``release()``:
+        (first slot, count)."""
         max_n = _check_int("max_n", max_n, 1, MAX_CAPACITY)
+        self._release_pending()
         peek_many = self.kernels.peek_many
         r = peek_many(self._ctl, max_n, _pid)
         if r < 0:
+            if not wait:
+                self._raise_empty(r)
             r = self._retry(r, lambda: peek_many(self._ctl, max_n, _pid), True, timeout, "get_many", None)
         slot, k = r >> 32, r & 0xFFFFFFFF
         self._held.append((slot, k))
-        return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
+        return slot, k
+
+    def _release_pending(self) -> None:
+        if self._pending >= 0:
+            self._release(self._ctl, self._pending, 1)
+            self._pending = -1
 
     def release(self) -> None:
         """Free the slots of every view handed out by ``get``/``get_many`` so far."""
+        self._release_pending()
         held = self._held
         if not held:
             return
@@ -517,6 +567,7 @@ class ByteRing:
         wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``."""
         if counter >= 0:
             _count(self._ctl, counter)
+        self._release_pending()  # a waiting consumer holds nothing
         watch = self.kernels.watch_read if reading else self.kernels.watch_write
         ev = EV_NOT_EMPTY if reading else EV_NOT_FULL
         while True:

@@ -12,7 +12,9 @@ load only when its cached copy (HEAD_SEEN) says the ring is empty, and the
 producer reads TAIL only when TAIL_SEEN says it is full. The read cursor READ runs
 ahead of TAIL while zero-copy views are held; ``release`` publishes it as TAIL.
 A consumer in a new process (READER differs) resumes from TAIL, so messages a dead
-consumer held but never released are delivered again.
+consumer held but never released are delivered again. ``get_bytes`` frees the slot
+of the message it copied when the consumer next calls into the ring (or releases,
+or waits), so that each copying get costs one call into compiled code.
 
 One producer and one consumer at a time, each in one thread.
 """
@@ -48,6 +50,7 @@ from shmpad.ringbuf.layout import (
     TOO_BIG,
 )
 from shmpad.ringbuf.memcopy import copy_bytes
+from shmpad.ringbuf import ring as _ring
 from shmpad.ringbuf.ring import ByteRing, Kernels
 from shmpad.ringbuf.wait import notify
 
@@ -94,7 +97,7 @@ def _publish(ctl, head, k, nbytes):
     notify(ctl, EV_NOT_EMPTY)
 
 
-@njit(nogil=True, cache=True)
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
 def _put(ctl, msg, pid):
     n = len(msg)
     if load_relaxed(ctl, CLOSED) != 0:
@@ -188,9 +191,22 @@ def _closed_and_drained(ctl, rd):
     return EMPTY
 
 
-@njit(nogil=True, cache=True)
-def _peek(ctl, pid):
-    """Take the next message without releasing it: ``slot << 32 | length``, or a code."""
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
+def _release(ctl, slot, k):
+    """Free every slot taken so far (SPSC releases in order; ``slot`` and ``k`` unused)."""
+    rd = load_relaxed(ctl, READ)
+    if rd != load_relaxed(ctl, TAIL):
+        store_release(ctl, TAIL, rd)  # pairs with load_acquire(TAIL) in _free
+        notify(ctl, EV_NOT_FULL)
+
+
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
+def _peek(ctl, pid, prev):
+    """Take the next message without releasing it: ``slot << 32 | length``, or a code.
+    With ``prev >= 0``, first release every message taken before (the copy of the
+    previous one is done), so a copying get crosses into compiled code once."""
+    if prev >= 0:
+        _release(ctl, prev, 1)
     rd = _reader(ctl, pid)
     if _available(ctl, rd) <= 0:
         return _closed_and_drained(ctl, rd)
@@ -220,15 +236,6 @@ def _peek_many(ctl, max_n, pid):
     store_relaxed(ctl, GETS, load_relaxed(ctl, GETS) + k)
     store_relaxed(ctl, BYTES_GOT, load_relaxed(ctl, BYTES_GOT) + total)
     return (i << 32) | k
-
-
-@njit(nogil=True, cache=True)
-def _release(ctl, slot, k):
-    """Free every slot taken so far (SPSC releases in order; ``slot`` and ``k`` unused)."""
-    rd = load_relaxed(ctl, READ)
-    if rd != load_relaxed(ctl, TAIL):
-        store_release(ctl, TAIL, rd)  # pairs with load_acquire(TAIL) in _free
-        notify(ctl, EV_NOT_FULL)
 
 
 @njit(nogil=True, cache=True)
@@ -265,6 +272,7 @@ class SPSCRing(ByteRing):
 
     KIND = "spsc"
     SLOT_WORDS_PER_SLOT = 1
+    DEFERS_RELEASE = True
     kernels = Kernels(
         put=_put,
         put_rows=_put_rows,
@@ -277,6 +285,18 @@ class SPSCRing(ByteRing):
         watch_write=_watch_write,
         watch_read=_watch_read,
     )
+
+    def get_bytes(self, timeout: float | None = None) -> bytes:
+        """The next message as a copy; its slot is freed by this handle's next call."""
+        r = self._peek(self._ctl, _ring._pid, self._pending)
+        if r < 0 or self._held:
+            if r < 0:
+                self._pending = -1
+                r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
+            return self._copy_out(r)
+        self._pending = slot = r >> 32  # the next call's peek frees it
+        off = self._slots_abs + slot * self._stride
+        return self._mm[off : off + (r & 0xFFFFFFFF)]
 
     def _lengths(self, slot: int, k: int) -> np.ndarray:
         base = self._slot_words

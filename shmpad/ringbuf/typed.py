@@ -1,0 +1,291 @@
+"""Typed rings: every slot holds one fixed-shape array per field of a spec.
+
+A spec is ``{name: (dtype, shape)}``. The payload is laid out field by field
+(struct of arrays), after the slots of the control ring, in the segment's extra
+area (``meta["extra"]``)::
+
+    field f:  byte  extra + offset_f,  a C-contiguous array [capacity, *shape_f]
+              (offset_f 64-byte aligned; offsets in field order, recorded in meta)
+
+so that slots ``i..i+B`` of a field are one contiguous ``[B, *shape]`` array:
+``get_batch`` returns such views without a copy whenever the slots it took are
+consecutive, and gathers into a per-handle buffer only when they wrap.
+
+The order and ownership of slots is the control ring's (``SPSCRing`` or
+``MPMCRing``, by ``multi``): only slot indices move through its words, and the
+writer fills the slot's arrays in place.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from shmpad.errors import SegmentError, Timeout
+from shmpad.ringbuf.layout import round_up
+from shmpad.ringbuf.mpmc import MPMCRing
+from shmpad.ringbuf.ring import ByteRing, RingStatistics, check_timeout
+from shmpad.ringbuf.segment import CACHE_LINE, Segment
+from shmpad.ringbuf.spsc import SPSCRing
+
+__all__ = ["TypedRing", "Spec"]
+
+Spec = Mapping[str, tuple[Any, tuple[int, ...]]]
+
+
+def _normalise(spec: Spec) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    if not isinstance(spec, Mapping) or not spec:
+        raise TypeError(f"spec must be a non-empty dict of name -> (dtype, shape), got {spec!r}")
+    fields = []
+    for name, entry in spec.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"spec field names must be non-empty str, got {name!r}")
+        try:
+            dtype, shape = entry
+        except (TypeError, ValueError):
+            raise TypeError(f"spec[{name!r}] must be (dtype, shape), got {entry!r}") from None
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"spec[{name!r}] has an unknown dtype {dtype!r}") from None
+        if dtype.hasobject or dtype.itemsize == 0:
+            raise TypeError(f"spec[{name!r}] dtype must be a fixed-size numeric type, got {dtype}")
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+            raise ValueError(f"spec[{name!r}] shape must be non-negative ints, got {shape!r}")
+        fields.append((name, dtype, tuple(int(d) for d in shape)))
+    return fields
+
+
+class TypedRing:
+    """A ring whose slots are dicts of fixed-shape arrays, written and read in place.
+
+    >>> ring = TypedRing.create({"obs": (np.uint8, (4, 84, 84)), "reward": (np.float32, ())}, capacity=64)
+    >>> slot = ring.reserve(); slot["obs"][:] = frame; slot["reward"][...] = 1.0; ring.commit()
+    >>> item = ring.get(); ...; ring.release()
+    >>> batch = ring.get_batch(32)   # {"obs": [32, 4, 84, 84], "reward": [32]}
+    """
+
+    @classmethod
+    def create(cls, spec: Spec, capacity: int, multi: bool = False, name: str | None = None) -> "TypedRing":
+        """A ring of ``capacity`` slots shaped by ``spec``; ``multi`` allows many
+        producers and consumers (MPMC), otherwise exactly one of each (SPSC)."""
+        fields = _normalise(spec)
+        ring_cls = MPMCRing if multi else SPSCRing
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be between 1 and {2**31 - 1}, got {capacity}")
+        layout, offset = [], 0
+        for fname, dtype, shape in fields:
+            layout.append([fname, dtype.str, list(shape), offset])
+            offset = round_up(offset + int(capacity) * dtype.itemsize * math.prod(shape), CACHE_LINE)
+        seg = ring_cls._create_segment(int(capacity), 1, name, {"spec": layout}, max(offset, 1))
+        return cls(ring_cls(seg))
+
+    @classmethod
+    def attach(cls, name: str) -> "TypedRing":
+        """Attach to a typed ring another process created, by name."""
+        for ring_cls in (SPSCRing, MPMCRing):
+            try:
+                seg = Segment.attach(name, ring_cls.KIND)
+            except SegmentError as e:
+                if "not a" in str(e) and "holds a" in str(e):
+                    continue
+                raise
+            if "spec" not in seg.meta:
+                raise SegmentError(f"segment {seg.name!r} holds a byte ring, not a typed ring")
+            return cls(ring_cls(seg))
+        raise SegmentError(f"segment {name!r} holds neither an SPSC nor an MPMC ring")
+
+    def __init__(self, ring: ByteRing):
+        self._ring = ring
+        seg = ring._seg
+        base = seg.data_offset + seg.meta["extra"]
+        self.capacity = ring.capacity
+        self.multi = isinstance(ring, MPMCRing)
+        self.spec: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        self._fields: dict[str, np.ndarray] = {}
+        for fname, dstr, shape, offset in seg.meta["spec"]:
+            dtype, shape = np.dtype(dstr), tuple(shape)
+            self.spec[fname] = (dtype, shape)
+            self._fields[fname] = np.ndarray((self.capacity, *shape), dtype, buffer=seg._mmap, offset=base + offset)
+        end = base + max(off + self.capacity * np.dtype(d).itemsize * math.prod(sh) for _, d, sh, off in seg.meta["spec"])
+        if end > seg.size:
+            raise SegmentError(f"typed ring {seg.name!r} is damaged: fields end at byte {end}, segment has {seg.size}")
+        self._readonly = {f: a.view() for f, a in self._fields.items()}
+        for a in self._readonly.values():
+            a.flags.writeable = False
+        self.item_bytes = sum(a.nbytes // self.capacity for a in self._fields.values())
+        self._reserved = -1
+        self._staging: dict[str, np.ndarray] = {}
+        self._carry: list[tuple[int, int]] = []  # runs taken by a get_batch that timed out
+
+    @property
+    def name(self) -> str:
+        return self._ring.name
+
+    def __reduce__(self):
+        return (TypedRing.attach, (self._ring.name,))
+
+    def __repr__(self) -> str:
+        kind = "MPMC" if self.multi else "SPSC"
+        fields = ", ".join(f"{n}: {d}{list(s)}" for n, (d, s) in self.spec.items())
+        return f"TypedRing({self.name!r}, {kind}, capacity={self.capacity}, {{{fields}}})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- producing -------------------------------------------------------------------
+
+    def reserve(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """The arrays of a free slot, to fill in place; ``commit()`` publishes them."""
+        if self._reserved >= 0:
+            raise RuntimeError("reserve() called again before commit() of the previous reservation")
+        slot = self._ring._claim_slot(0, timeout)
+        self._reserved = slot
+        return {f: a[slot, ...] for f, a in self._fields.items()}
+
+    def commit(self) -> None:
+        """Publish the reserved slot."""
+        if self._reserved < 0:
+            raise RuntimeError("commit() without a reserve()")
+        slot, self._reserved = self._reserved, -1
+        self._ring.kernels.commit(self._ring._ctl, slot, self.item_bytes)
+
+    def put(self, item: Mapping[str, Any], timeout: float | None = None) -> None:
+        """Copy ``item`` (a value for every field, of the field's shape) into a slot."""
+        self._check_item(item)
+        slot = self.reserve(timeout)
+        try:
+            for f, dst in slot.items():
+                np.copyto(dst, _as_array(item[f]), casting="same_kind")
+        except BaseException:
+            # The slot is claimed: publish it rather than leak it; the check above
+            # makes this unreachable for well-formed items.
+            self.commit()
+            raise
+        self.commit()
+
+    def _check_item(self, item: Mapping[str, Any]) -> None:
+        if not isinstance(item, Mapping):
+            raise TypeError(f"item must be a dict of field -> array, got {type(item).__name__}")
+        missing = [f for f in self.spec if f not in item]
+        extra = [f for f in item if f not in self.spec]
+        if missing or extra:
+            raise ValueError(f"item fields must be {sorted(self.spec)}; missing {missing}, unknown {extra}")
+        for f, (dtype, shape) in self.spec.items():
+            value = _as_array(item[f])
+            if value.shape != shape:
+                raise ValueError(f"field {f!r} has shape {value.shape}, expected {shape}")
+            if not np.can_cast(value.dtype, dtype, casting="same_kind"):
+                raise TypeError(f"field {f!r} has dtype {value.dtype}, expected {dtype} (or one that casts safely)")
+
+    # -- consuming -------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None, torch: bool = False) -> dict[str, Any]:
+        """The next item as read-only views of its slot (torch tensors with
+        ``torch=True``, sharing the memory), valid until ``release()``."""
+        slot = self._ring._take_run(1, timeout, True)[0]
+        return self._views(slot, 1, torch, single=True)
+
+    def get_nowait(self, torch: bool = False) -> dict[str, Any]:
+        slot = self._ring._take_run(1, None, False)[0]
+        return self._views(slot, 1, torch, single=True)
+
+    def get_batch(self, batch_size: int, timeout: float | None = None, torch: bool = False) -> dict[str, Any]:
+        """Exactly ``batch_size`` items as ``[B, ...]`` arrays, valid until ``release()``.
+
+        Views into the ring when the items sit in consecutive slots (always, for a
+        single consumer whose capacity is a multiple of ``batch_size``); otherwise a
+        copy into this handle's buffers. On ``Timeout`` the items already taken are
+        kept for the next call, so nothing is lost."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+        if not 1 <= batch_size <= self.capacity:
+            raise ValueError(f"batch_size must be between 1 and the capacity {self.capacity}, got {batch_size}")
+        deadline = check_timeout(timeout)
+        runs, self._carry = self._carry, []
+        got = sum(k for _, k in runs)
+        while got < batch_size:
+            remaining = None if deadline is None else max(0.0, deadline - _now())
+            try:
+                slot, k = self._ring._take_run(batch_size - got, remaining, True)
+            except Timeout:
+                self._carry = runs
+                raise Timeout(
+                    f"get_batch timed out after {timeout} s with {got} of {batch_size} items (kept for the next call)"
+                ) from None
+            except BaseException:
+                self._carry = runs
+                raise
+            if runs and runs[-1][0] + runs[-1][1] == slot:
+                runs[-1] = (runs[-1][0], runs[-1][1] + k)
+            else:
+                runs.append((slot, k))
+            got += k
+        if len(runs) == 1:
+            return self._views(runs[0][0], batch_size, torch, single=False)
+        return self._gather(runs, batch_size, torch)
+
+    def release(self) -> None:
+        """Free the slots of every item handed out by ``get``/``get_batch`` so far."""
+        self._ring.release()
+
+    def _views(self, slot: int, k: int, torch: bool, single: bool) -> dict[str, Any]:
+        fields = self._fields if torch else self._readonly
+        if single:
+            out = {f: a[slot, ...] for f, a in fields.items()}
+        else:
+            out = {f: a[slot : slot + k] for f, a in fields.items()}
+        return _to_torch(out) if torch else out
+
+    def _gather(self, runs: list[tuple[int, int]], batch_size: int, torch: bool) -> dict[str, Any]:
+        out = {}
+        for f, a in self._fields.items():
+            buf = self._staging.get(f)
+            if buf is None or buf.shape[0] != batch_size:
+                buf = self._staging[f] = np.empty((batch_size, *a.shape[1:]), a.dtype)
+            at = 0
+            for slot, k in runs:
+                buf[at : at + k] = a[slot : slot + k]
+                at += k
+            out[f] = buf
+        return _to_torch(out) if torch else out
+
+    # -- shared ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close for every process (see ``SPSCRing.close``)."""
+        self._ring.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._ring.closed
+
+    def statistics(self) -> RingStatistics:
+        return self._ring.statistics()
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _to_torch(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    import torch
+
+    return {f: torch.from_numpy(a) for f, a in arrays.items()}
+
+
+def _now() -> float:
+    return time.monotonic()
