@@ -66,7 +66,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.peers import END, FORK, PEERS, Plan, Subject, Tally, receive_until_ends, send_for
+from bench.peers import END, FORK, PEERS, Plan, Subject, Tally, idler, receive_until_ends, send_for
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -222,8 +222,8 @@ def warm_up(kind: str) -> None:
 
 class _Shmpad(Subject):
     """shmpad rings: one MPMC ring shared by all producers, or one SPSC ring per
-    producer which the consumer then polls in turn (non-blocking calls, yielding the
-    CPU when every ring is empty)."""
+    producer which the consumer then polls in turn with the non-blocking calls,
+    idling as the ceiling does when every ring is empty."""
 
     family = "shmpad"
     kind: ClassVar[str]
@@ -264,7 +264,7 @@ class _Shmpad(Subject):
     def _poll(self) -> Tally:
         from shmpad.errors import Timeout, WouldBlock
 
-        take, yield_ = self._take_nowait, os.sched_yield
+        take, idle = self._take_nowait, idler()
         live = list(self._rings)
         received = first = 0
         t_first = 0.0
@@ -280,7 +280,7 @@ class _Shmpad(Subject):
                 if end:
                     live.remove(ring)
             if not moved:
-                yield_()
+                idle()
             elif not t_first:
                 t_first = perf_counter()
                 first = received
@@ -709,6 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     subjects, notes = available(select(args))
     for note in notes:
         print(note, file=sys.stderr)
+    if not subjects:
+        raise SystemExit("bench.ringbuf: no subject left to measure")
     results = Results()
     failures: list[str] = []
     started = time.monotonic()
