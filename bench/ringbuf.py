@@ -18,6 +18,7 @@ checked against the producers', and the last payload against the one sent.
 Subjects (the tables start with one line per subject saying what its consumer does):
 
 - shmpad-spsc, shmpad-mpmc: single calls, ``put(bytes)`` / ``get_bytes()``;
+- shmpad-*-into: ``put(bytes)`` / ``get_into(buffer)``, a copy into a private buffer;
 - shmpad-*-batch: ``put_many`` of a [batch, size] array / ``get_many``, rows copied out;
 - shmpad-*-zc: ``put(bytes)`` / ``get()``, a view of which only the first and last
   byte are read, then ``release()``;
@@ -205,6 +206,9 @@ def warm_up(kind: str) -> None:
         timing_out(lambda: ring.put_many(np.zeros((1, 64), np.uint8), timeout=0.05))
         ring.get_bytes()
         ring.get_bytes_nowait()
+        ring.put(bytes(64))
+        ring.get_into(np.empty(64, np.uint8))
+        timing_out(lambda: ring.get_into(np.empty(64, np.uint8), timeout=0.05))
         view = ring.get()
         view = ring.get_nowait()
         del view
@@ -426,6 +430,40 @@ class _ShmpadZeroCopy(_Shmpad):
         return self._edges == (payload[0], payload[-1])
 
 
+class _ShmpadInto(_Shmpad):
+    reads = "get_into(buffer): one copy into a private numpy buffer, slot freed in the same call; producers put(bytes)"
+
+    def _consume_one(self, ring) -> Tally:
+        self._dst = dst = np.empty(self.plan.size, np.uint8)
+        size = self.plan.size
+        get_into = ring.get_into
+        ends = received = 0
+        n = get_into(dst)
+        t_first = perf_counter()
+        if n == size:
+            received = 1
+        else:
+            ends = 1
+        first = received
+        while ends < self.plan.producers:
+            if get_into(dst) == size:
+                received += 1
+            else:
+                ends += 1
+        t_last = perf_counter()
+        return Tally(received, received - first, t_first, t_last, received > 0 and self._intact())
+
+    def _take_nowait(self, ring) -> tuple[int, bool]:
+        if not hasattr(self, "_dst"):
+            self._dst = np.empty(self.plan.size, np.uint8)
+        if ring.get_into(self._dst, timeout=0) != self.plan.size:
+            return 0, True
+        return 1, False
+
+    def _intact(self) -> bool:
+        return bool((self._dst == self.plan.payload()).all())
+
+
 def _shmpad_subject(base: type[_Shmpad], kind: str, suffix: str) -> type[_Shmpad]:
     name = f"shmpad-{kind}{suffix}"
     return type(name, (base,), {"name": name, "kind": kind, "__doc__": base.__doc__})
@@ -434,7 +472,7 @@ def _shmpad_subject(base: type[_Shmpad], kind: str, suffix: str) -> type[_Shmpad
 SHMPAD = [
     _shmpad_subject(base, kind, suffix)
     for kind in ("spsc", "mpmc")
-    for base, suffix in ((_ShmpadSingle, ""), (_ShmpadBatch, "-batch"), (_ShmpadZeroCopy, "-zc"))
+    for base, suffix in ((_ShmpadSingle, ""), (_ShmpadInto, "-into"), (_ShmpadBatch, "-batch"), (_ShmpadZeroCopy, "-zc"))
 ]
 SUBJECTS: list[type[Subject]] = SHMPAD + PEERS
 

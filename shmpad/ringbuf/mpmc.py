@@ -235,10 +235,8 @@ def _claim_read(ctl, pid):
 
 
 @njit(cache=True)  # holds the GIL: releasing it costs more than the call
-def _peek(ctl, pid, prev):
-    """Claim the next message: ``slot << 32 | length``, or a code. ``prev`` is unused:
-    an MPMC consumer frees each slot at once, since a slot it kept while idle would
-    stall every producer a lap later."""
+def _peek(ctl, pid):
+    """Claim the next message: ``slot << 32 | length``, or a code."""
     i = _claim_read(ctl, pid)
     if i < 0:
         return i
@@ -283,6 +281,19 @@ def _release(ctl, i, k):
         s = load_relaxed(ctl, sw)
         store_release(ctl, sw, _pack(_lap(s) + 1, FREE, 0))  # pairs with load_acquire(sw) in _claim_write
     notify(ctl, EV_NOT_FULL)
+
+
+@njit(nogil=True, cache=True)
+def _take_into(ctl, out, pid):
+    """Take the next message, copy it into ``out`` and free its slot: its length, or a code."""
+    r = _peek(ctl, pid)
+    if r < 0:
+        return r
+    i = r >> 32
+    n = r & 0xFFFFFFFF
+    copy_bytes(out, 0, ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], n)
+    _release(ctl, i, 1)
+    return n
 
 
 @njit(nogil=True, cache=True)
@@ -384,6 +395,7 @@ class MPMCRing(ByteRing):
         commit=_commit,
         peek=_peek,
         peek_many=_peek_many,
+        take_into=_take_into,
         release=_release,
         watch_write=_watch_write,
         watch_read=_watch_read,

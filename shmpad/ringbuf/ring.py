@@ -81,6 +81,7 @@ class Kernels(NamedTuple):
     commit: Callable
     peek: Callable
     peek_many: Callable
+    take_into: Callable
     release: Callable
     watch_write: Callable
     watch_read: Callable
@@ -214,7 +215,6 @@ class ByteRing:
     kernels: ClassVar[Kernels]
     SLOT_WORDS_PER_SLOT: ClassVar[int]
     RELEASES_IN_ORDER: ClassVar[bool] = True
-    DEFERS_RELEASE: ClassVar[bool] = False
 
     @classmethod
     def create(cls, capacity: int, slot_size: int, name: str | None = None):
@@ -270,12 +270,11 @@ class ByteRing:
         rows.flags.writeable = False
         self._rows = rows
         self._held: list[tuple[int, int]] = []
-        self._pending = -1  # slot of the last get_bytes copy, freed by the next call
         self._reserved = -1
         self._reserved_n = 0
         k = self.kernels
         self._put = fast_entry(k.put, ctl, b"", 0)
-        self._peek = fast_entry(k.peek, ctl, 0, 0)
+        self._peek = fast_entry(k.peek, ctl, 0)
         self._release = fast_entry(k.release, ctl, 0, 0)
 
     @property
@@ -392,8 +391,8 @@ class ByteRing:
 
     def get(self, timeout: float | None = None) -> memoryview:
         """The next message as a read-only view into the ring, valid until ``release()``."""
-        r = self._peek(self._ctl, _pid, self._pending)
-        self._pending = -1
+        self._drop_cache()
+        r = self._peek(self._ctl, _pid)
         if r < 0:
             r = self._retry(r, self._peek_once, True, timeout, "get", None)
         slot = r >> 32
@@ -403,8 +402,8 @@ class ByteRing:
 
     def get_nowait(self) -> memoryview:
         """``get`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
-        r = self._peek(self._ctl, _pid, self._pending)
-        self._pending = -1
+        self._drop_cache()
+        r = self._peek(self._ctl, _pid)
         if r < 0:
             self._raise_empty(r)
         slot = r >> 32
@@ -413,39 +412,61 @@ class ByteRing:
         return self._ro[off : off + (r & 0xFFFFFFFF)]
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy; its slot is free again at once (SPSC: by the
-        next call on this handle). Nothing is left held."""
-        r = self._peek(self._ctl, _pid, self._pending)
+        """The next message as a copy; its slot is free again at once. Nothing is
+        left held."""
+        self._drop_cache()
+        r = self._peek(self._ctl, _pid)
         if r < 0:
-            self._pending = -1
             r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
         return self._copy_out(r)
 
     def get_bytes_nowait(self) -> bytes:
         """``get_bytes`` that raises ``WouldBlock`` instead of waiting."""
-        r = self._peek(self._ctl, _pid, self._pending)
+        self._drop_cache()
+        r = self._peek(self._ctl, _pid)
         if r < 0:
-            self._pending = -1
             self._raise_empty(r)
         return self._copy_out(r)
 
+    def get_into(self, out: Any, timeout: float | None = None) -> int:
+        """Copy the next message into ``out`` (a writable bytes-like object of at
+        least ``slot_size`` bytes) and free its slot, in one call into compiled code;
+        returns the message's length. No allocation: the fast copying read."""
+        buf = self._into_buffer(out)
+        self._drop_cache()
+        if self._held and self.RELEASES_IN_ORDER:
+            view = self.get(timeout)
+            n = len(view)
+            buf[:n] = np.frombuffer(view, dtype=np.uint8)
+            return n
+        take_into = self.kernels.take_into
+        r = take_into(self._ctl, buf, _pid)
+        if r < 0:
+            r = self._retry(r, lambda: take_into(self._ctl, buf, _pid), True, timeout, "get_into", None)
+        return r
+
+    def _into_buffer(self, out: Any) -> np.ndarray:
+        try:
+            buf = out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
+            buf = buf.reshape(-1).view(np.uint8)
+        except (TypeError, ValueError, AttributeError):
+            raise TypeError(f"out must be a writable, contiguous bytes-like object, got {type(out).__name__}") from None
+        if not buf.flags.writeable:
+            raise TypeError(f"out must be writable, got a read-only {type(out).__name__}")
+        if len(buf) < self.slot_size:
+            raise ValueError(f"out holds {len(buf)} bytes; get_into needs room for a whole slot ({self.slot_size} bytes)")
+        return buf
+
     def _peek_once(self) -> int:
-        return self._peek(self._ctl, _pid, -1)
+        return self._peek(self._ctl, _pid)
 
     def _copy_out(self, r: int) -> bytes:
         slot = r >> 32
         off = self._slots_abs + slot * self._stride
         data = self._mm[off : off + (r & 0xFFFFFFFF)]
-        if self._held:
-            self._pending = -1
-            if self.RELEASES_IN_ORDER:
-                self._held.append((slot, 1))  # freed with the views taken before it
-            else:
-                self._release(self._ctl, slot, 1)
-        elif self.DEFERS_RELEASE:
-            self._pending = slot  # the next call's peek frees it
+        if self._held and self.RELEASES_IN_ORDER:
+            self._held.append((slot, 1))  # freed with the views taken before it
         else:
-            self._pending = -1
             self._release(self._ctl, slot, 1)
         return data
 
@@ -464,7 +485,7 @@ class ByteRing:
         """Take up to ``max_n`` messages in consecutive slots, held until ``release()``:
         (first slot, count)."""
         max_n = _check_int("max_n", max_n, 1, MAX_CAPACITY)
-        self._release_pending()
+        self._drop_cache()
         peek_many = self.kernels.peek_many
         r = peek_many(self._ctl, max_n, _pid)
         if r < 0:
@@ -475,14 +496,12 @@ class ByteRing:
         self._held.append((slot, k))
         return slot, k
 
-    def _release_pending(self) -> None:
-        if self._pending >= 0:
-            self._release(self._ctl, self._pending, 1)
-            self._pending = -1
+    def _drop_cache(self) -> None:
+        """Kinds that read ahead for ``get_bytes`` put back what they have not handed out."""
 
     def release(self) -> None:
         """Free the slots of every view handed out by ``get``/``get_many`` so far."""
-        self._release_pending()
+        self._drop_cache()
         held = self._held
         if not held:
             return
@@ -567,7 +586,6 @@ class ByteRing:
         wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``."""
         if counter >= 0:
             _count(self._ctl, counter)
-        self._release_pending()  # a waiting consumer holds nothing
         watch = self.kernels.watch_read if reading else self.kernels.watch_write
         ev = EV_NOT_EMPTY if reading else EV_NOT_FULL
         while True:

@@ -12,9 +12,9 @@ load only when its cached copy (HEAD_SEEN) says the ring is empty, and the
 producer reads TAIL only when TAIL_SEEN says it is full. The read cursor READ runs
 ahead of TAIL while zero-copy views are held; ``release`` publishes it as TAIL.
 A consumer in a new process (READER differs) resumes from TAIL, so messages a dead
-consumer held but never released are delivered again. ``get_bytes`` frees the slot
-of the message it copied when the consumer next calls into the ring (or releases,
-or waits), so that each copying get costs one call into compiled code.
+consumer held but never released are delivered again. ``get_bytes`` reads ahead:
+one call into compiled code takes the run of messages available, and later calls
+hand them out from Python (see ``SPSCRing.get_bytes``).
 
 One producer and one consumer at a time, each in one thread.
 """
@@ -51,7 +51,7 @@ from shmpad.ringbuf.layout import (
 )
 from shmpad.ringbuf.memcopy import copy_bytes
 from shmpad.ringbuf import ring as _ring
-from shmpad.ringbuf.ring import ByteRing, Kernels
+from shmpad.ringbuf.ring import ByteRing, Kernels, fast_entry
 from shmpad.ringbuf.wait import notify
 
 __all__ = ["SPSCRing"]
@@ -201,12 +201,8 @@ def _release(ctl, slot, k):
 
 
 @njit(cache=True)  # holds the GIL: releasing it costs more than the call
-def _peek(ctl, pid, prev):
-    """Take the next message without releasing it: ``slot << 32 | length``, or a code.
-    With ``prev >= 0``, first release every message taken before (the copy of the
-    previous one is done), so a copying get crosses into compiled code once."""
-    if prev >= 0:
-        _release(ctl, prev, 1)
+def _peek(ctl, pid):
+    """Take the next message without releasing it: ``slot << 32 | length``, or a code."""
     rd = _reader(ctl, pid)
     if _available(ctl, rd) <= 0:
         return _closed_and_drained(ctl, rd)
@@ -236,6 +232,33 @@ def _peek_many(ctl, max_n, pid):
     store_relaxed(ctl, GETS, load_relaxed(ctl, GETS) + k)
     store_relaxed(ctl, BYTES_GOT, load_relaxed(ctl, BYTES_GOT) + total)
     return (i << 32) | k
+
+
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
+def _refill(ctl, max_n, pid):
+    """``_peek_many`` for the read-ahead of ``get_bytes``."""
+    return _peek_many(ctl, max_n, pid)
+
+
+@njit(nogil=True, cache=True)
+def _untake(ctl, k, nbytes):
+    """Give back the last ``k`` messages taken (``nbytes`` in all), not handed out."""
+    store_relaxed(ctl, READ, load_relaxed(ctl, READ) - k)
+    store_relaxed(ctl, GETS, load_relaxed(ctl, GETS) - k)
+    store_relaxed(ctl, BYTES_GOT, load_relaxed(ctl, BYTES_GOT) - nbytes)
+
+
+@njit(nogil=True, cache=True)
+def _take_into(ctl, out, pid):
+    """Take the next message, copy it into ``out`` and free its slot: its length, or a code."""
+    r = _peek(ctl, pid)
+    if r < 0:
+        return r
+    i = r >> 32
+    n = r & 0xFFFFFFFF
+    copy_bytes(out, 0, ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], n)
+    _release(ctl, 0, 0)
+    return n
 
 
 @njit(nogil=True, cache=True)
@@ -272,7 +295,6 @@ class SPSCRing(ByteRing):
 
     KIND = "spsc"
     SLOT_WORDS_PER_SLOT = 1
-    DEFERS_RELEASE = True
     kernels = Kernels(
         put=_put,
         put_rows=_put_rows,
@@ -281,22 +303,58 @@ class SPSCRing(ByteRing):
         commit=_commit,
         peek=_peek,
         peek_many=_peek_many,
+        take_into=_take_into,
         release=_release,
         watch_write=_watch_write,
         watch_read=_watch_read,
     )
 
+    def __init__(self, segment):
+        super().__init__(segment)
+        self._refill = fast_entry(_refill, self._ctl, 0, 0)
+        self._read_ahead = max(1, min(256, self.capacity // 4))
+        self._cache_slot = 0  # slot of the first message of the run read ahead
+        self._cache_lens: list[int] = []  # lengths of the run's messages
+        self._cache_next = 0  # index in the run of the next message to hand out
+
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy; its slot is freed by this handle's next call."""
-        r = self._peek(self._ctl, _ring._pid, self._pending)
-        if r < 0 or self._held:
+        """The next message as a copy.
+
+        Takes every message available (a run of consecutive slots, up to a quarter
+        of the ring) in one call into compiled code and hands them out one per call;
+        the run's slots are freed as its last message is handed out (or when this
+        handle gets views, releases or closes, which hand back the rest first)."""
+        i = self._cache_next
+        lens = self._cache_lens
+        if i >= len(lens):
+            if self._held:
+                return super().get_bytes(timeout)
+            r = self._refill(self._ctl, self._read_ahead, _ring._pid)
             if r < 0:
-                self._pending = -1
-                r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
-            return self._copy_out(r)
-        self._pending = slot = r >> 32  # the next call's peek frees it
-        off = self._slots_abs + slot * self._stride
-        return self._mm[off : off + (r & 0xFFFFFFFF)]
+                r = self._retry(r, self._refill_once, True, timeout, "get_bytes", None)
+            k = r & 0xFFFFFFFF
+            self._cache_slot = r >> 32
+            first = self._slot_words + self._cache_slot
+            self._cache_lens = lens = self._ctl[first : first + k].tolist()
+            i = 0
+        self._cache_next = i + 1
+        off = self._slots_abs + (self._cache_slot + i) * self._stride
+        data = self._mm[off : off + lens[i]]
+        if i + 1 == len(lens):
+            self._cache_lens = []
+            self._release(self._ctl, 0, 0)
+        return data
+
+    def _refill_once(self) -> int:
+        return self._refill(self._ctl, self._read_ahead, _ring._pid)
+
+    def _drop_cache(self) -> None:
+        lens, i = self._cache_lens, self._cache_next
+        if lens:
+            _untake(self._ctl, len(lens) - i, sum(lens[i:]))
+            self._cache_lens = []
+            if not self._held:
+                self._release(self._ctl, 0, 0)
 
     def _lengths(self, slot: int, k: int) -> np.ndarray:
         base = self._slot_words
