@@ -232,6 +232,12 @@ def _claim_read(ctl, pid):
                 return EMPTY
         elif s == _pack(lap + 1, FREE, 0):
             cas(ctl, TAIL, pos, pos + 1)  # consumed and released before TAIL moved
+        elif _lap(s) == (lap - 1) & LAP_MASK and load_relaxed(ctl, TAIL) == pos:
+            # A consumer (perhaps this one) still holds the previous lap's message:
+            # nothing newer can have been written here yet.
+            if load_acquire(ctl, CLOSED) != 0:
+                return CLOSED_CODE
+            return EMPTY
 
 
 @njit(cache=True)  # holds the GIL: releasing it costs more than the call
@@ -327,6 +333,10 @@ def _watch_read(ctl, pid):
         if phase == FREE and load_acquire(ctl, CLOSED) != 0:
             return -1, 0
         return sw, s
+    if _lap(s) == (lap - 1) & LAP_MASK:
+        if load_acquire(ctl, CLOSED) != 0:
+            return -1, 0
+        return sw, s  # the previous lap's message is still held: wait for its release
     return -1, 0  # TAIL is stale: claiming will move it
 
 
@@ -404,6 +414,15 @@ class MPMCRing(ByteRing):
     def _lengths(self, slot: int, k: int) -> np.ndarray:
         first = self._slot_words + slot * WORDS_PER_LINE + 1
         return self._ctl[first : first + k * WORDS_PER_LINE : WORDS_PER_LINE]
+
+    def _release_except(self, keep: list[tuple[int, int]]) -> None:
+        """Free every held slot but the runs in ``keep``."""
+        kept = {slot for first, k in keep for slot in range(first, first + k)}
+        for first, k in self._held:
+            for slot in range(first, first + k):
+                if slot not in kept:
+                    self._release(self._ctl, slot, 1)
+        self._held[:] = keep
 
     def _recover(self) -> None:
         me = current_pid()

@@ -370,13 +370,13 @@ class ByteRing:
         off = self._slots_abs + self._reserved * self._stride
         return self._rw[off : off + n]
 
-    def _claim_slot(self, n: int, timeout: float | None) -> int:
+    def _claim_slot(self, n: int, timeout: float | None, what: str = "reserve") -> int:
         """The index of a free slot claimed for writing ``n`` bytes; publish it with
         ``kernels.commit``."""
         reserve = self.kernels.reserve
         r = reserve(self._ctl, n, _pid)
         if r < 0:
-            r = self._retry(r, lambda: reserve(self._ctl, n, _pid), False, timeout, "reserve", None)
+            r = self._retry(r, lambda: reserve(self._ctl, n, _pid), False, timeout, what, None)
         return r
 
     def commit(self, n: int | None = None) -> None:
@@ -481,7 +481,7 @@ class ByteRing:
         slot, k = self._take_run(max_n, None, False)
         return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
 
-    def _take_run(self, max_n: int, timeout: float | None, wait: bool) -> tuple[int, int]:
+    def _take_run(self, max_n: int, timeout: float | None, wait: bool, what: str = "get_many") -> tuple[int, int]:
         """Take up to ``max_n`` messages in consecutive slots, held until ``release()``:
         (first slot, count)."""
         max_n = _check_int("max_n", max_n, 1, MAX_CAPACITY)
@@ -491,7 +491,7 @@ class ByteRing:
         if r < 0:
             if not wait:
                 self._raise_empty(r)
-            r = self._retry(r, lambda: peek_many(self._ctl, max_n, _pid), True, timeout, "get_many", None)
+            r = self._retry(r, lambda: peek_many(self._ctl, max_n, _pid), True, timeout, what, None)
         slot, k = r >> 32, r & 0xFFFFFFFF
         self._held.append((slot, k))
         return slot, k
@@ -542,6 +542,9 @@ class ByteRing:
         )
 
     def _lengths(self, slot: int, k: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _release_except(self, keep: list[tuple[int, int]]) -> None:
         raise NotImplementedError
 
     def _recover(self) -> None:

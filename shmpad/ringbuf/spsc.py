@@ -234,6 +234,15 @@ def _peek_many(ctl, max_n, pid):
     return (i << 32) | k
 
 
+@njit(nogil=True, cache=True)
+def _release_keep(ctl, keep):
+    """Free everything taken except the newest ``keep`` messages."""
+    rd = load_relaxed(ctl, READ) - keep
+    if rd > load_relaxed(ctl, TAIL):
+        store_release(ctl, TAIL, rd)  # pairs with load_acquire(TAIL) in _free
+        notify(ctl, EV_NOT_FULL)
+
+
 @njit(cache=True)  # holds the GIL: releasing it costs more than the call
 def _refill(ctl, max_n, pid):
     """``_peek_many`` for the read-ahead of ``get_bytes``."""
@@ -344,6 +353,12 @@ class SPSCRing(ByteRing):
             self._cache_lens = []
             self._release(self._ctl, 0, 0)
         return data
+
+    def _release_except(self, keep: list[tuple[int, int]]) -> None:
+        """Free every held slot but the runs in ``keep`` (the newest taken)."""
+        self._drop_cache()
+        _release_keep(self._ctl, sum(k for _, k in keep))
+        self._held[:] = keep
 
     def _refill_once(self) -> int:
         return self._refill(self._ctl, self._read_ahead, _ring._pid)

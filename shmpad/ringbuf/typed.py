@@ -27,7 +27,7 @@ import numpy as np
 from shmpad.errors import SegmentError, Timeout
 from shmpad.ringbuf.layout import round_up
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.ring import ByteRing, RingStatistics, check_timeout
+from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing, RingStatistics, check_timeout
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
 from shmpad.ringbuf.spsc import SPSCRing
 
@@ -37,8 +37,10 @@ Spec = Mapping[str, tuple[Any, tuple[int, ...]]]
 
 
 def _normalise(spec: Spec) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    if not isinstance(spec, Mapping) or not spec:
-        raise TypeError(f"spec must be a non-empty dict of name -> (dtype, shape), got {spec!r}")
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"spec must be a dict of name -> (dtype, shape), got {type(spec).__name__}")
+    if not spec:
+        raise ValueError("spec must name at least one field, got an empty dict")
     fields = []
     for name, entry in spec.items():
         if not isinstance(name, str) or not name:
@@ -77,8 +79,8 @@ class TypedRing:
         ring_cls = MPMCRing if multi else SPSCRing
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be between 1 and {2**31 - 1}, got {capacity}")
+        if not 1 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
         layout, offset = [], 0
         for fname, dtype, shape in fields:
             layout.append([fname, dtype.str, list(shape), offset])
@@ -121,7 +123,6 @@ class TypedRing:
             a.flags.writeable = False
         self.item_bytes = sum(a.nbytes // self.capacity for a in self._fields.values())
         self._reserved = -1
-        self._staging: dict[str, np.ndarray] = {}
         self._carry: list[tuple[int, int]] = []  # runs taken by a get_batch that timed out
 
     @property
@@ -148,7 +149,7 @@ class TypedRing:
         """The arrays of a free slot, to fill in place; ``commit()`` publishes them."""
         if self._reserved >= 0:
             raise RuntimeError("reserve() called again before commit() of the previous reservation")
-        slot = self._ring._claim_slot(0, timeout)
+        slot = self._ring._claim_slot(0, timeout, "reserve")
         self._reserved = slot
         return {f: a[slot, ...] for f, a in self._fields.items()}
 
@@ -162,7 +163,10 @@ class TypedRing:
     def put(self, item: Mapping[str, Any], timeout: float | None = None) -> None:
         """Copy ``item`` (a value for every field, of the field's shape) into a slot."""
         self._check_item(item)
-        slot = self.reserve(timeout)
+        if self._reserved >= 0:
+            raise RuntimeError("put() called between reserve() and commit()")
+        self._reserved = self._ring._claim_slot(0, timeout, "put")
+        slot = {f: a[self._reserved, ...] for f, a in self._fields.items()}
         try:
             for f, dst in slot.items():
                 np.copyto(dst, _as_array(item[f]), casting="same_kind")
@@ -185,38 +189,48 @@ class TypedRing:
             if value.shape != shape:
                 raise ValueError(f"field {f!r} has shape {value.shape}, expected {shape}")
             if not np.can_cast(value.dtype, dtype, casting="same_kind"):
-                raise TypeError(f"field {f!r} has dtype {value.dtype}, expected {dtype} (or one that casts safely)")
+                raise TypeError(f"field {f!r} has dtype {value.dtype}, expected {dtype} (or one of the same kind)")
 
     # -- consuming -------------------------------------------------------------------
 
     def get(self, timeout: float | None = None, torch: bool = False) -> dict[str, Any]:
         """The next item as read-only views of its slot (torch tensors with
         ``torch=True``, sharing the memory), valid until ``release()``."""
-        slot = self._ring._take_run(1, timeout, True)[0]
+        slot = self._carried() if self._carry else self._ring._take_run(1, timeout, True, "get")[0]
         return self._views(slot, 1, torch, single=True)
 
     def get_nowait(self, torch: bool = False) -> dict[str, Any]:
-        slot = self._ring._take_run(1, None, False)[0]
+        """``get`` that raises ``WouldBlock`` instead of waiting."""
+        slot = self._carried() if self._carry else self._ring._take_run(1, None, False, "get")[0]
         return self._views(slot, 1, torch, single=True)
+
+    def _carried(self) -> int:
+        """The oldest item kept by a timed-out ``get_batch``, handed out now."""
+        slot, k = self._carry[0]
+        if k == 1:
+            del self._carry[0]
+        else:
+            self._carry[0] = (slot + 1, k - 1)
+        return slot
 
     def get_batch(self, batch_size: int, timeout: float | None = None, torch: bool = False) -> dict[str, Any]:
         """Exactly ``batch_size`` items as ``[B, ...]`` arrays, valid until ``release()``.
 
         Views into the ring when the items sit in consecutive slots (always, for a
         single consumer whose capacity is a multiple of ``batch_size``); otherwise a
-        copy into this handle's buffers. On ``Timeout`` the items already taken are
-        kept for the next call, so nothing is lost."""
+        copy. On ``Timeout`` the items already taken are kept, still held, and come
+        first from the next ``get``/``get_batch``, so nothing is lost."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
         if not 1 <= batch_size <= self.capacity:
             raise ValueError(f"batch_size must be between 1 and the capacity {self.capacity}, got {batch_size}")
         deadline = check_timeout(timeout)
-        runs, self._carry = self._carry, []
+        runs, self._carry = _split(self._carry, batch_size)
         got = sum(k for _, k in runs)
         while got < batch_size:
             remaining = None if deadline is None else max(0.0, deadline - _now())
             try:
-                slot, k = self._ring._take_run(batch_size - got, remaining, True)
+                slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
             except Timeout:
                 self._carry = runs
                 raise Timeout(
@@ -235,8 +249,12 @@ class TypedRing:
         return self._gather(runs, batch_size, torch)
 
     def release(self) -> None:
-        """Free the slots of every item handed out by ``get``/``get_batch`` so far."""
-        self._ring.release()
+        """Free the slots of every item handed out by ``get``/``get_batch`` so far
+        (items kept by a timed-out ``get_batch`` stay held)."""
+        if self._carry:
+            self._ring._release_except(self._carry)
+        else:
+            self._ring.release()
 
     def _views(self, slot: int, k: int, torch: bool, single: bool) -> dict[str, Any]:
         fields = self._fields if torch else self._readonly
@@ -249,9 +267,7 @@ class TypedRing:
     def _gather(self, runs: list[tuple[int, int]], batch_size: int, torch: bool) -> dict[str, Any]:
         out = {}
         for f, a in self._fields.items():
-            buf = self._staging.get(f)
-            if buf is None or buf.shape[0] != batch_size:
-                buf = self._staging[f] = np.empty((batch_size, *a.shape[1:]), a.dtype)
+            buf = np.empty((batch_size, *a.shape[1:]), a.dtype)  # [B, ...]; a new one: earlier batches stay valid
             at = 0
             for slot, k in runs:
                 buf[at : at + k] = a[slot : slot + k]
@@ -271,6 +287,22 @@ class TypedRing:
 
     def statistics(self) -> RingStatistics:
         return self._ring.statistics()
+
+
+def _split(runs: list[tuple[int, int]], n: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The first ``n`` items of ``runs`` (slot, count), and the rest."""
+    head, tail = [], []
+    for slot, k in runs:
+        if n >= k:
+            head.append((slot, k))
+            n -= k
+        elif n > 0:
+            head.append((slot, n))
+            tail.append((slot + n, k - n))
+            n = 0
+        else:
+            tail.append((slot, k))
+    return head, tail
 
 
 def _as_array(value: Any) -> np.ndarray:
