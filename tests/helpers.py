@@ -1,4 +1,5 @@
-"""Shared test utilities: /dev/shm listings, polling with a deadline, child processes.
+"""Shared test utilities: /dev/shm listings, polling with a deadline, child processes,
+self-checking messages.
 
 Leak checks count only segments this test session made: a segment's default name is
 ``shmpad.<pid of its creator>.<n>.<hex>``, and the session records the pid of every
@@ -9,12 +10,15 @@ take it from ``unique_segment_name``, which follows the same pattern.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import selectors
 import signal
+import struct
 import subprocess
 import sys
 import time
+import traceback
 from typing import Callable, Iterable
 
 SHM_DIR = "/dev/shm"
@@ -146,3 +150,158 @@ def kill_pid(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+# --- forked children that report back ---------------------------------------------------
+
+FORK = multiprocessing.get_context("fork")
+
+_log_fd: int | None = None  # in a ``Forked`` child: the pipe ``child_log`` writes to
+
+
+def _forked_main(conn, log_fd: int, fn: Callable, args: tuple) -> None:
+    global _log_fd
+    _log_fd = log_fd
+    try:
+        result = (True, fn(*args))
+    except BaseException:  # noqa: BLE001 - every failure goes back to the test
+        result = (False, traceback.format_exc())
+    conn.send(result)
+
+
+def child_log(line: str) -> None:
+    """In a ``Forked`` child: report progress. If the child then stalls (stuck in compiled
+    code, say, which no signal or thread in it can interrupt), the test fails showing the
+    lines logged since the last one that starts with ``LOG_MARK``."""
+    if _log_fd is not None:
+        os.write(_log_fd, line.replace("\n", " ").encode()[:2000] + b"\n")
+
+
+LOG_MARK = "==="
+
+
+def remove_segments_of(pid: int) -> list[str]:
+    """Unlink the default-named segments process ``pid`` created (a child killed before it
+    could close them); returns their names."""
+    names = sorted(n for n in shm_entries() if creator_pid_of(n) == pid)
+    for name in names:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            pass
+    return names
+
+
+class Forked:
+    """``fn(*args)`` running in a forked child; ``result`` returns what it returned (it
+    must pickle) or fails with the child's traceback. ``kill`` SIGKILLs and reaps it and
+    removes the segments it made; call it in a ``finally`` (idempotent)."""
+
+    def __init__(self, fn: Callable, *args, name: str | None = None):
+        self.name = name or fn.__name__
+        self._conn, child_conn = FORK.Pipe(duplex=False)
+        self._log_r, log_w = os.pipe()
+        self.process = FORK.Process(target=_forked_main, args=(child_conn, log_w, fn, args), name=self.name, daemon=True)
+        self.process.start()
+        track_pid(self.process.pid)
+        child_conn.close()
+        os.close(log_w)
+        self._log: list[str] = []
+        self._partial = b""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def ready(self) -> bool:
+        """True once the child has reported (or exited): ``result`` will not wait."""
+        return self._conn.poll(0)
+
+    def result(self, timeout: float, stall: float | None = None):
+        """What the child returned, waiting at most ``timeout`` s, or ``stall`` s after the
+        child's last ``child_log`` line (or its start)."""
+        start = last = time.monotonic()
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._conn.fileno(), selectors.EVENT_READ, "result")
+            sel.register(self._log_r, selectors.EVENT_READ, "log")
+            while not self._conn.poll(0):
+                for key, _ in sel.select(0.1):
+                    if key.data == "log":
+                        data = os.read(self._log_r, 1 << 16)
+                        if data:
+                            last = time.monotonic()
+                            self._add_log(data)
+                        else:
+                            sel.unregister(self._log_r)
+                now = time.monotonic()
+                if now - start > timeout:
+                    raise AssertionError(f"{self.name} (pid {self.pid}) gave no result within {timeout} s: hung?{self._log_tail()}")
+                if stall is not None and now - last > stall:
+                    raise AssertionError(f"{self.name} (pid {self.pid}) made no progress for {stall} s: hung?{self._log_tail()}")
+        try:
+            ok, value = self._conn.recv()
+        except EOFError:
+            self.process.join(10)
+            raise AssertionError(f"{self.name} (pid {self.pid}) exited with code {self.process.exitcode} without a result") from None
+        if not ok:
+            raise AssertionError(f"{self.name} (pid {self.pid}) failed:\n{value}")
+        return value
+
+    def _add_log(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        self._log += [line.decode(errors="replace") for line in lines]
+        marks = [i for i, line in enumerate(self._log) if line.startswith(LOG_MARK)]
+        if marks and marks[-1] > 0:
+            del self._log[: marks[-1]]
+        del self._log[:-500]
+
+    def _log_tail(self) -> str:
+        if not self._log:
+            return ""
+        return "\nits last steps:\n" + "\n".join(f"  {line}" for line in self._log)
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:
+            self.process.kill()
+        self.process.join(30)
+        self._conn.close()
+        if self._log_r >= 0:
+            os.close(self._log_r)
+            self._log_r = -1
+        remove_segments_of(self.pid)
+
+
+def run_forked(fn: Callable, *args, timeout: float = 60.0, stall: float | None = None):
+    """``fn(*args)`` in a forked child, failing instead of hanging when it does not return
+    within ``timeout`` s or stops logging progress for ``stall`` s (a loop in compiled code
+    cannot be interrupted in-process)."""
+    child = Forked(fn, *args)
+    try:
+        return child.result(timeout, stall)
+    finally:
+        child.kill()
+
+
+# --- self-checking messages -------------------------------------------------------------
+
+MESSAGE_HEADER = struct.Struct("<IIH")  # producer, sequence number, total length
+_PATTERN = bytes(range(256)) * 260
+
+
+def make_message(producer: int, seq: int, n: int) -> bytes:
+    """A message of ``n`` >= ``MESSAGE_HEADER.size`` bytes that names its producer, its
+    sequence number and its length, with a payload derived from all three."""
+    k = n - MESSAGE_HEADER.size
+    start = (producer * 131 + seq * 31 + n) % 251
+    return MESSAGE_HEADER.pack(producer, seq, n) + _PATTERN[start : start + k]
+
+
+def parse_message(m) -> tuple[int, int]:
+    """(producer, seq) of a ``make_message`` message; AssertionError if it is torn."""
+    m = bytes(m)
+    if len(m) < MESSAGE_HEADER.size:
+        raise AssertionError(f"torn message: {len(m)} bytes, shorter than a header: {m!r}")
+    producer, seq, n = MESSAGE_HEADER.unpack_from(m)
+    if len(m) != n or m != make_message(producer, seq, n):
+        raise AssertionError(f"torn message: header says producer {producer} seq {seq} length {n}, got {len(m)} bytes: {m[:40]!r}...")
+    return producer, seq

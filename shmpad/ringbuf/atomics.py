@@ -63,54 +63,41 @@ def _value(context, builder, sig, args, pos):
     return context.cast(builder, args[pos], sig.args[pos], types.int64)
 
 
-@intrinsic
-def load_acquire(typingctx, arr, idx):
-    """``arr[idx]`` with acquire ordering: later loads and stores stay after it."""
-    _check(arr, idx)
+def _load(ordering: str, doc: str):
+    @intrinsic
+    def load(typingctx, arr, idx):
+        _check(arr, idx)
 
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(_pointer(context, builder, sig, args), "acquire", 8)
+        def codegen(context, builder, sig, args):
+            return builder.load_atomic(_pointer(context, builder, sig, args), ordering, 8)
 
-    return types.int64(arr, idx), codegen
+        return types.int64(arr, idx), codegen
 
-
-@intrinsic
-def load_relaxed(typingctx, arr, idx):
-    """``arr[idx]`` as one untorn atomic load with no ordering (never hoisted)."""
-    _check(arr, idx)
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(_pointer(context, builder, sig, args), "monotonic", 8)
-
-    return types.int64(arr, idx), codegen
+    load.__doc__ = doc
+    return load
 
 
-@intrinsic
-def store_release(typingctx, arr, idx, val):
-    """``arr[idx] = val`` with release ordering: earlier loads and stores stay before it."""
-    _check(arr, idx)
-    _check_value(val)
+def _store(ordering: str, doc: str):
+    @intrinsic
+    def store(typingctx, arr, idx, val):
+        _check(arr, idx)
+        _check_value(val)
 
-    def codegen(context, builder, sig, args):
-        ptr = _pointer(context, builder, sig, args)
-        builder.store_atomic(_value(context, builder, sig, args, 2), ptr, "release", 8)
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            ptr = _pointer(context, builder, sig, args)
+            builder.store_atomic(_value(context, builder, sig, args, 2), ptr, ordering, 8)
+            return context.get_dummy_value()
 
-    return types.void(arr, idx, val), codegen
+        return types.void(arr, idx, val), codegen
+
+    store.__doc__ = doc
+    return store
 
 
-@intrinsic
-def store_relaxed(typingctx, arr, idx, val):
-    """``arr[idx] = val`` as one untorn atomic store with no ordering."""
-    _check(arr, idx)
-    _check_value(val)
-
-    def codegen(context, builder, sig, args):
-        ptr = _pointer(context, builder, sig, args)
-        builder.store_atomic(_value(context, builder, sig, args, 2), ptr, "monotonic", 8)
-        return context.get_dummy_value()
-
-    return types.void(arr, idx, val), codegen
+load_acquire = _load("acquire", "``arr[idx]`` with acquire ordering: later loads and stores stay after it.")
+load_relaxed = _load("monotonic", "``arr[idx]`` as one untorn atomic load with no ordering (never hoisted).")
+store_release = _store("release", "``arr[idx] = val`` with release ordering: earlier loads and stores stay before it.")
+store_relaxed = _store("monotonic", "``arr[idx] = val`` as one untorn atomic store with no ordering.")
 
 
 @intrinsic

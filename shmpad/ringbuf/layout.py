@@ -62,6 +62,7 @@ FULL = -1
 CLOSED_CODE = -2
 TOO_BIG = -3
 IN_PROGRESS = -4
+RESERVATION_OPEN = -5
 
 
 def round_up(n: int, to: int) -> int:

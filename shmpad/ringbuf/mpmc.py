@@ -113,6 +113,8 @@ def _claim_write(ctl, pid):
             cas(ctl, HEAD, pos, pos + 1)  # claimed by someone who has not moved HEAD yet
         elif _lap(s) == (lap - 1) & LAP_MASK and load_relaxed(ctl, HEAD) == pos:
             return FULL  # the previous lap's message is still in the slot
+        elif s == _pack(lap + 1, FREE, 0):
+            cas(ctl, HEAD, pos, pos + 1)  # a dead claim here was dropped before HEAD moved
 
 
 @njit(nogil=True, cache=True)

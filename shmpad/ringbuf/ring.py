@@ -27,6 +27,7 @@ from shmpad.ringbuf.layout import (
     CLOSED,
     CLOSED_CODE,
     CONTROL_WORDS,
+    RESERVATION_OPEN,
     DEAD_CLAIMS,
     EV_NOT_EMPTY,
     EV_NOT_FULL,
@@ -215,6 +216,9 @@ class ByteRing:
     kernels: ClassVar[Kernels]
     SLOT_WORDS_PER_SLOT: ClassVar[int]
     RELEASES_IN_ORDER: ClassVar[bool] = True
+    # True where reserve() only finds the next slot (SPSC) rather than claiming it: a
+    # put before commit() would then write the reserved slot.
+    RESERVE_BLOCKS_PUT: ClassVar[bool] = False
 
     @classmethod
     def create(cls, capacity: int, slot_size: int, name: str | None = None):
@@ -273,7 +277,8 @@ class ByteRing:
         self._reserved = -1
         self._reserved_n = 0
         k = self.kernels
-        self._put = fast_entry(k.put, ctl, b"", 0)
+        self._put = self._put_bytes = fast_entry(k.put, ctl, b"", 0)
+        self._put_array = self._put_any = k.put
         self._peek = fast_entry(k.peek, ctl, 0)
         self._release = fast_entry(k.release, ctl, 0, 0)
 
@@ -303,7 +308,7 @@ class ByteRing:
             r = self._put(self._ctl, data, _pid)
         else:
             data = _as_u8(data)
-            r = self.kernels.put(self._ctl, data, _pid)
+            r = self._put_any(self._ctl, data, _pid)
         if r != 0:
             put = self.kernels.put
             self._retry(r, lambda: put(self._ctl, data, _pid), False, timeout, "put", data)
@@ -314,7 +319,7 @@ class ByteRing:
             r = self._put(self._ctl, data, _pid)
         else:
             data = _as_u8(data)
-            r = self.kernels.put(self._ctl, data, _pid)
+            r = self._put_any(self._ctl, data, _pid)
         if r != 0:
             self._raise_for(r, data)
             raise WouldBlock(f"ring is full ({self.capacity} messages)")
@@ -325,6 +330,8 @@ class ByteRing:
         ``messages`` is a sequence of bytes-like objects or, fastest, a 2-D
         C-contiguous uint8 array whose rows are the messages. On ``Timeout`` or
         ``Closed`` the exception says how many were put (a prefix)."""
+        if self._reserved >= 0 and self.RESERVE_BLOCKS_PUT:
+            self._raise_for(RESERVATION_OPEN, None, "put_many")
         if isinstance(messages, np.ndarray) and messages.ndim == 2:
             rows = messages if messages.dtype == np.uint8 and messages.flags.c_contiguous else _rows_u8(messages)
             if rows.shape[1] > self.slot_size:
@@ -367,6 +374,8 @@ class ByteRing:
         n = _check_int("n", n, 0, self.slot_size)
         self._reserved = self._claim_slot(n, timeout)
         self._reserved_n = n
+        if self.RESERVE_BLOCKS_PUT:
+            self._put = self._put_any = _reservation_open
         off = self._slots_abs + self._reserved * self._stride
         return self._rw[off : off + n]
 
@@ -385,16 +394,20 @@ class ByteRing:
             raise RuntimeError("commit() without a reserve()")
         n = self._reserved_n if n is None else _check_int("n", n, 0, self._reserved_n)
         slot, self._reserved = self._reserved, -1
+        self._put, self._put_any = self._put_bytes, self._put_array
         self.kernels.commit(self._ctl, slot, n)
 
     # -- consuming -------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> memoryview:
         """The next message as a read-only view into the ring, valid until ``release()``."""
+        return self._get_view(timeout, "get")
+
+    def _get_view(self, timeout: float | None, what: str) -> memoryview:
         self._drop_cache()
         r = self._peek(self._ctl, _pid)
         if r < 0:
-            r = self._retry(r, self._peek_once, True, timeout, "get", None)
+            r = self._retry(r, self._peek_once, True, timeout, what, None)
         slot = r >> 32
         self._held.append((slot, 1))
         off = self._slots_abs + slot * self._stride
@@ -435,7 +448,7 @@ class ByteRing:
         buf = self._into_buffer(out)
         self._drop_cache()
         if self._held and self.RELEASES_IN_ORDER:
-            view = self.get(timeout)
+            view = self._get_view(timeout, "get_into")
             n = len(view)
             buf[:n] = np.frombuffer(view, dtype=np.uint8)
             return n
@@ -518,6 +531,7 @@ class ByteRing:
         """Close the ring for every process: puts raise ``Closed``, gets drain what is
         left and then raise ``Closed``, and every waiter wakes. The creating handle's
         close also removes the segment's name. Idempotent."""
+        self._drop_cache()
         _close(self._ctl)
         if self._seg.owned:
             self._seg.unlink()
@@ -551,7 +565,9 @@ class ByteRing:
         """Called when a wait made no progress for a sleep chunk: kinds that can detect
         dead claims do it here."""
 
-    def _raise_for(self, r: int, data: Any) -> None:
+    def _raise_for(self, r: int, data: Any, what: str = "put") -> None:
+        if r == RESERVATION_OPEN:
+            raise RuntimeError(f"{what}() called between reserve() and commit()")
         if r == CLOSED_CODE:
             raise Closed("ring is closed")
         if r == TOO_BIG:
@@ -605,6 +621,11 @@ class ByteRing:
             if _wait_change(self._ctl, idx, old, ev, SPIN, math.ceil(chunk * 1e9)):
                 return
             self._recover()
+
+
+def _reservation_open(ctl, data, pid) -> int:
+    """Stands in for the put kernel while an SPSC reservation is open."""
+    return RESERVATION_OPEN
 
 
 def _rows_u8(messages: np.ndarray) -> np.ndarray:

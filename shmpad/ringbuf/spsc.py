@@ -97,9 +97,9 @@ def _publish(ctl, head, k, nbytes):
     notify(ctl, EV_NOT_EMPTY)
 
 
-@njit(cache=True)  # holds the GIL: releasing it costs more than the call
-def _put(ctl, msg, pid):
-    n = len(msg)
+@njit(nogil=True, cache=True)
+def _reserve(ctl, n, pid):
+    """Claim the next slot for ``n`` bytes written in place; returns its index."""
     if load_relaxed(ctl, CLOSED) != 0:
         return CLOSED_CODE
     if n > ctl[SLOT_SIZE]:
@@ -107,10 +107,18 @@ def _put(ctl, msg, pid):
     head = load_relaxed(ctl, HEAD)
     if _free(ctl, head) <= 0:
         return FULL
-    i = head % ctl[CAPACITY]
+    return head % ctl[CAPACITY]
+
+
+@njit(cache=True)  # holds the GIL: releasing it costs more than the call
+def _put(ctl, msg, pid):
+    n = len(msg)
+    i = _reserve(ctl, n, pid)
+    if i < 0:
+        return i
     store_relaxed(ctl, ctl[SLOT_WORDS] + i, n)
     copy_bytes(ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], msg, 0, n)
-    _publish(ctl, head, 1, n)
+    _publish(ctl, load_relaxed(ctl, HEAD), 1, n)
     return 0
 
 
@@ -162,19 +170,6 @@ def _put_packed(ctl, buf, offsets, first, pid):
     if k > 0:
         _publish(ctl, head, k, total)
     return k
-
-
-@njit(nogil=True, cache=True)
-def _reserve(ctl, n, pid):
-    """Claim the next slot for ``n`` bytes written in place; returns its index."""
-    if load_relaxed(ctl, CLOSED) != 0:
-        return CLOSED_CODE
-    if n > ctl[SLOT_SIZE]:
-        return TOO_BIG
-    head = load_relaxed(ctl, HEAD)
-    if _free(ctl, head) <= 0:
-        return FULL
-    return head % ctl[CAPACITY]
 
 
 @njit(nogil=True, cache=True)
@@ -304,6 +299,7 @@ class SPSCRing(ByteRing):
 
     KIND = "spsc"
     SLOT_WORDS_PER_SLOT = 1
+    RESERVE_BLOCKS_PUT = True
     kernels = Kernels(
         put=_put,
         put_rows=_put_rows,

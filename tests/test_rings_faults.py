@@ -1,0 +1,296 @@
+"""SIGKILL a producer or consumer at the worst moment: nothing the live processes sent is
+lost or torn, nothing hangs, and the dead process costs at most the one message it held.
+
+The worst moments are made deterministic where they can be: a child claims a slot (or
+takes a message), tells the test through a pipe, and sleeps until the test kills it.
+Where they cannot, a child is killed at random moments, several times.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+import helpers
+from helpers import FORK, Forked, make_message, parse_message
+from ring_workers import (
+    CAPACITY,
+    SLOT_SIZE,
+    attach_and_consume,
+    consume,
+    produce,
+    produce_then_claim,
+    produce_until_killed,
+    take_and_hold,
+    wait_while_progressing,
+)
+from shmpad.errors import Timeout
+from shmpad.ringbuf import MPMCRing, SPSCRing, mpmc
+
+RESULT_TIMEOUT = 60.0
+STALL_BOUND_S = 2.0  # documented: about a sleep chunk (50 ms) plus the time to notice
+
+
+def _signal_pipe():
+    return FORK.Pipe(duplex=False)
+
+
+def _await_signal(conn, what: str, child: Forked, timeout: float = 30.0):
+    """What ``child`` sent through ``conn``; its failure if it failed before sending."""
+    assert conn.poll(timeout), f"no {what!r} signal from {child.name} within {timeout} s"
+    try:
+        return conn.recv()
+    except EOFError:
+        child.result(10)  # raises with the child's traceback
+        raise AssertionError(f"{child.name} closed the signal pipe without a {what!r} signal") from None
+
+
+def _first_out_of_place(seqs: np.ndarray) -> np.ndarray:
+    """The first few positions where ``seqs`` differs from 0, 1, 2, ..."""
+    return np.flatnonzero(seqs != np.arange(len(seqs)))[:5]
+
+
+def _assert_all(got: dict, producer: int, n: int) -> None:
+    seqs = got.get(producer, np.zeros(0, np.int64))
+    assert np.array_equal(seqs, np.arange(n)), (
+        f"producer {producer}: expected 0..{n - 1} in order, got {len(seqs)} messages, out of place at {_first_out_of_place(seqs)}"
+    )
+
+
+def _dead_pid() -> int:
+    """A pid that ran a moment ago and is gone (reaped) now."""
+    child = Forked(int)
+    child.result(30)
+    child.kill()
+    assert not helpers.pid_alive(child.pid)
+    return child.pid
+
+
+# --- (a) MPMC: a producer dies between claim and commit ------------------------------------------
+
+
+def test_mpmc_producer_killed_between_claim_and_commit():
+    n_live, n_victim = 20_000, 500
+    ring = MPMCRing.create(CAPACITY, SLOT_SIZE)
+    signal_r, signal_w = _signal_pipe()
+    children: list[Forked] = []
+    try:
+        consumer = Forked(consume, ring, "get_bytes", 0, True, name="consumer")
+        children.append(consumer)
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
+        live = [Forked(produce, ring, i, n_live, how, name=f"producer {i}") for i, how in enumerate(["put", "put_many_list"])]
+        children += live
+        victim = Forked(produce_then_claim, ring, 2, n_victim, signal_w, name="victim producer")
+        children.append(victim)
+        signal_w.close()
+        assert _await_signal(signal_r, "claimed", victim) == "claimed"
+        assert not any(p.ready() for p in live), "the live producers finished before the claim: nothing was stalled"
+        killed_at = time.monotonic()
+        victim.kill()
+        wait_while_progressing(ring, live)
+        for p in live:
+            p.result(RESULT_TIMEOUT)
+        ring.close()
+        wait_while_progressing(ring, [consumer])
+        got, times = consumer.result(RESULT_TIMEOUT)
+        stats = ring.statistics()
+    finally:
+        for child in children:
+            child.kill()
+        signal_r.close()
+        ring.close()
+
+    _assert_all(got, 0, n_live)
+    _assert_all(got, 1, n_live)
+    _assert_all(got, 2, n_victim)  # the claimed message n_victim never arrives
+    total = 2 * n_live + n_victim
+    assert (stats.puts, stats.gets, stats.size, stats.dead_claims_skipped) == (total, total, 0, 1)
+    after_kill = times[times > killed_at]
+    assert len(after_kill) > 0 and after_kill[0] - killed_at < STALL_BOUND_S, "no message within the bound after the kill"
+    gaps = np.diff(times)
+    assert gaps.max() < STALL_BOUND_S, f"the consumer waited {gaps.max():.2f} s for one message"
+
+
+# --- (b) MPMC: a consumer dies holding a message ----------------------------------------------
+
+
+def test_mpmc_consumer_killed_holding_a_message():
+    n = 5_000
+    ring = MPMCRing.create(4, SLOT_SIZE)
+    signal_r, signal_w = _signal_pipe()
+    children: list[Forked] = []
+    try:
+        victim = Forked(take_and_hold, ring, 3, signal_w, name="victim consumer")
+        children.append(victim)
+        signal_w.close()
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
+        consumers = [Forked(consume, ring, how, j, True, name=f"consumer {j}") for j, how in enumerate(["get_bytes", "get_many"])]
+        children += consumers
+        producers = [Forked(produce, ring, i, n, how, name=f"producer {i}") for i, how in enumerate(["put", "reserve"])]
+        children += producers
+        taken = _await_signal(signal_r, "taken", victim)
+        puts_at_kill = ring.statistics().puts
+        victim.kill()
+        wait_while_progressing(ring, producers)
+        for p in producers:
+            p.result(RESULT_TIMEOUT)
+        ring.close()
+        wait_while_progressing(ring, consumers)
+        results = [c.result(RESULT_TIMEOUT) for c in consumers]
+        stats = ring.statistics()
+    finally:
+        for child in children:
+            child.kill()
+        signal_r.close()
+        ring.close()
+
+    assert stats.puts - puts_at_kill > 4, "the ring never came round to the held slot after the kill"
+    lost = taken[-1]
+    for producer in (0, 1):
+        seqs = [got.get(producer, np.zeros(0, np.int64)) for got, _ in results]
+        for j, s in enumerate(seqs):
+            assert np.all(np.diff(s) > 0), f"consumer {j} saw producer {producer} out of order"
+        received = np.sort(np.concatenate(seqs + [np.array([s for p, s in taken[:-1] if p == producer], np.int64)]))
+        expected = np.array([s for s in range(n) if (producer, s) != lost])
+        assert np.array_equal(received, expected), f"producer {producer}: lost or duplicated more than the held message {lost}"
+    assert (stats.puts, stats.gets, stats.size, stats.dead_claims_skipped) == (2 * n, 2 * n, 0, 1)
+    times = np.sort(np.concatenate([t for _, t in results]))
+    assert np.diff(times).max() < STALL_BOUND_S, f"consumers waited {np.diff(times).max():.2f} s for a message"
+
+
+def _idle_ring_after_a_dead_reader(ring) -> list:
+    """The ring has messages 0..3; the message at position 0 is held by a dead consumer.
+    Take the rest, so that the ring is empty at the dead reader's slot, one lap on."""
+    out = [parse_message(ring.get_bytes(timeout=5)) for _ in range(3)]
+    start = time.monotonic()
+    try:
+        ring.get(timeout=0.3)
+    except Timeout:
+        out.append(f"Timeout after >= 0.3 s: {time.monotonic() - start >= 0.3}")
+    ring.put_many([b"a", b"b", b"c", b"d"], timeout=5)  # the dead reader's slot is needed again
+    out.append(ring.get_many(4, timeout=5).to_bytes())
+    ring.release()
+    out.append(ring.statistics().dead_claims_skipped)
+    return out
+
+
+def test_mpmc_consumer_killed_holding_a_message_does_not_hang_an_idle_consumer():
+    """Regression: a consumer that found the ring empty at a slot whose previous-lap
+    message was held by a dead consumer looped in ``mpmc._claim_read`` forever, unless a
+    producer needed that slot and recovered it. Now it waits, and its wait recovers it."""
+    ring = MPMCRing.create(4, 64)
+    signal_r, signal_w = _signal_pipe()
+    victim = None
+    try:
+        ring.put_many([make_message(0, seq, 20) for seq in range(4)])
+        victim = Forked(take_and_hold, ring, 1, signal_w, name="victim consumer")
+        signal_w.close()
+        _await_signal(signal_r, "taken", victim)
+        victim.kill()
+        out = helpers.run_forked(_idle_ring_after_a_dead_reader, ring, timeout=5)
+    finally:
+        if victim is not None:
+            victim.kill()
+        signal_r.close()
+        ring.close()
+    assert out == [(0, 1), (0, 2), (0, 3), "Timeout after >= 0.3 s: True", [b"a", b"b", b"c", b"d"], 1]
+
+
+def _put_after_a_claim_whose_producer_died_before_moving_head(dead: int) -> list:
+    with MPMCRing.create(4, 8) as ring:
+        ctl = ring._ctl
+        # The state just after a producer's claiming CAS, if it was killed before the CAS
+        # that moves HEAD (the next instruction): slot 0 WRITING by a dead pid, HEAD still 0.
+        ctl[mpmc._state_word(ctl, 0)] = mpmc._pack(0, mpmc.WRITING, dead)
+        out = []
+        try:
+            ring.get(timeout=0.3)  # a consumer drops the dead claim and moves TAIL past it
+        except Timeout:
+            out.append("Timeout")
+        out.append(ring.statistics().dead_claims_skipped)
+        ring.put(b"next", timeout=2)
+        out.append(ring.get_bytes(timeout=2))
+        return out
+
+
+def test_mpmc_put_after_a_dead_claim_was_dropped_before_head_moved():
+    """Bug: ``mpmc._claim_write`` loops forever when the slot at HEAD is already a lap
+    ahead, (lap + 1, FREE): its claimant died between its two CASes and a consumer dropped
+    the claim before any producer helped HEAD on. (White-box: the state is written
+    directly, as the window is one instruction wide.)"""
+    out = helpers.run_forked(_put_after_a_claim_whose_producer_died_before_moving_head, _dead_pid(), timeout=5)
+    assert out == ["Timeout", 1, b"next"]
+
+
+# --- (c, e) a producer killed at random moments ---------------------------------------------------
+
+
+@pytest.mark.parametrize("ring_cls", [SPSCRing, MPMCRing], ids=lambda r: r.__name__)
+def test_producer_killed_at_random_moments_leaves_an_untorn_prefix(ring_cls):
+    rng = random.Random(1234)
+    for how in ["put", "put_many_list", "reserve", "put_many_array", "put"]:
+        ring = ring_cls.create(CAPACITY, SLOT_SIZE)
+        signal_r, signal_w = _signal_pipe()
+        children: list[Forked] = []
+        try:
+            consumer = Forked(consume, ring, rng.choice(["get_bytes", "get_many", "get", "get_held"]), 0, name="consumer")
+            children.append(consumer)
+            producer = Forked(produce_until_killed, ring, 0, how, signal_w, name=f"producer ({how})")
+            children.append(producer)
+            signal_w.close()
+            _await_signal(signal_r, "started", producer)
+            time.sleep(rng.uniform(0.001, 0.050))  # the random moment
+            producer.kill()
+            ring.close()
+            wait_while_progressing(ring, [consumer])
+            got = consumer.result(RESULT_TIMEOUT)
+            stats = ring.statistics()
+        finally:
+            for child in children:
+                child.kill()
+            signal_r.close()
+            ring.close()
+        seqs = got.get(0, np.zeros(0, np.int64))
+        # A dead producer's unfinished message is dropped (MPMC) or never published (SPSC):
+        # what arrives is 0..k-1, whole and in order, nothing after a gap.
+        assert np.array_equal(seqs, np.arange(len(seqs))), f"{how}: not a prefix, out of place at {_first_out_of_place(seqs)}"
+        assert stats.gets == len(seqs) and stats.puts <= len(seqs), (how, stats)
+        assert stats.dead_claims_skipped <= (1 if ring_cls is MPMCRing else 0), (how, stats)
+
+
+# --- (d) SPSC: the consumer dies holding a view; a new one resumes ---------------------------------
+
+
+def test_spsc_consumer_killed_mid_read_is_resumed_by_a_new_consumer():
+    n = 200
+    ring = SPSCRing.create(8, SLOT_SIZE)
+    signal_r, signal_w = _signal_pipe()
+    children: list[Forked] = []
+    try:
+        for seq in range(6):
+            ring.put(make_message(0, seq, 30 + seq))
+        victim = Forked(take_and_hold, ring, 3, signal_w, name="victim consumer")
+        children.append(victim)
+        signal_w.close()
+        taken = _await_signal(signal_r, "taken", victim)
+        victim.kill()
+        successor = Forked(attach_and_consume, SPSCRing, ring.name, "get", name="successor")
+        children.append(successor)
+        for seq in range(6, n):
+            ring.put(make_message(0, seq, 30 + seq % 100), timeout=30)
+        ring.close()
+        wait_while_progressing(ring, [successor])
+        got = successor.result(RESULT_TIMEOUT)
+        stats = ring.statistics()
+    finally:
+        for child in children:
+            child.kill()
+        signal_r.close()
+        ring.close()
+    assert taken == [(0, 0), (0, 1), (0, 2)]
+    # At least once: the message the victim held, never released, is delivered again.
+    assert got[0].tolist() == list(range(2, n))
+    assert (stats.puts, stats.size, stats.dead_claims_skipped) == (n, 0, 0)
