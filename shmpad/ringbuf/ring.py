@@ -276,11 +276,14 @@ class ByteRing:
         self._held: list[tuple[int, int]] = []
         self._reserved = -1
         self._reserved_n = 0
+        self._into_out: Any = None  # the last buffer get_into checked, and its byte view
+        self._into_buf: np.ndarray | None = None
         k = self.kernels
         self._put = self._put_bytes = fast_entry(k.put, ctl, b"", 0)
         self._put_array = self._put_any = k.put
         self._peek = fast_entry(k.peek, ctl, 0)
         self._release = fast_entry(k.release, ctl, 0, 0)
+        self._take_into = fast_entry(k.take_into, ctl, np.empty(1, np.uint8), 0)
 
     @property
     def name(self) -> str:
@@ -445,7 +448,11 @@ class ByteRing:
         """Copy the next message into ``out`` (a writable bytes-like object of at
         least ``slot_size`` bytes) and free its slot, in one call into compiled code;
         returns the message's length. No allocation: the fast copying read."""
-        buf = self._into_buffer(out)
+        if out is self._into_out:
+            buf = self._into_buf
+        else:
+            buf = self._into_buf = self._into_buffer(out)
+            self._into_out = out
         self._drop_cache()
         if self._held and self.RELEASES_IN_ORDER:
             view = self._get_view(timeout, "get_into")
@@ -453,12 +460,14 @@ class ByteRing:
             buf[:n] = np.frombuffer(view, dtype=np.uint8)
             return n
         take_into = self.kernels.take_into
-        r = take_into(self._ctl, buf, _pid)
+        r = self._take_into(self._ctl, buf, _pid)
         if r < 0:
             r = self._retry(r, lambda: take_into(self._ctl, buf, _pid), True, timeout, "get_into", None)
         return r
 
     def _into_buffer(self, out: Any) -> np.ndarray:
+        if isinstance(out, np.ndarray) and not out.flags.c_contiguous:
+            raise TypeError("out must be a writable, contiguous bytes-like object, got a non-contiguous ndarray")
         try:
             buf = out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=np.uint8)
             buf = buf.reshape(-1).view(np.uint8)
