@@ -1,8 +1,8 @@
 """Lock-free shared-memory rings, the versioned weight store, and what they stand on."""
 
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.ring import MessageBatch
-from shmpad.ringbuf.ring import RingStatistics
+from shmpad.ringbuf.batch import MessageBatch
+from shmpad.ringbuf.statistics import RingStatistics
 from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.ringbuf.typed import TypedRing

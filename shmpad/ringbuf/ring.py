@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
-from numba import njit, typeof
+from numba import njit
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
+from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, rows_u8
 from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire, store_release
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
@@ -44,10 +44,12 @@ from shmpad.ringbuf.layout import (
     WAITS_FULL,
     round_up,
 )
+from shmpad.ringbuf.batch import MessageBatch
 from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
+from shmpad.ringbuf.statistics import RingStatistics
 from shmpad.ringbuf.wait import finish_wait, notify_always, prepare_wait, sleep
 
-__all__ = ["ByteRing", "Kernels", "MessageBatch", "RingStatistics", "check_timeout", "current_pid"]
+__all__ = ["ByteRing", "Kernels", "current_pid"]
 
 # Spins before sleeping: long enough to cover a peer that is mid-copy (~tens of us).
 SPIN = 2000
@@ -86,93 +88,6 @@ class Kernels(NamedTuple):
     release: Callable
     watch_write: Callable
     watch_read: Callable
-
-
-@dataclass(frozen=True)
-class RingStatistics:
-    """Counters of a ring since it was created, summed over every process that used it."""
-
-    capacity: int
-    size: int
-    puts: int
-    gets: int
-    bytes_put: int
-    bytes_got: int
-    waits_full: int
-    waits_empty: int
-    dead_claims_skipped: int
-    closed: bool
-
-
-class MessageBatch:
-    """Messages taken by one ``get_many`` call, in consecutive slots, without a copy.
-
-    ``rows`` is a read-only ``[k, stride]`` uint8 view of the slots and
-    ``lengths[j]`` the length of message ``j``; ``batch[j]`` is a read-only
-    memoryview of message ``j``. Valid until the ring's ``release()``.
-    """
-
-    __slots__ = ("rows", "lengths")
-
-    def __init__(self, rows: np.ndarray, lengths: np.ndarray):
-        self.rows = rows
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return self.rows.shape[0]
-
-    def __getitem__(self, j: int) -> memoryview:
-        return self.rows[j, : self.lengths[j]].data
-
-    def __iter__(self) -> Iterator[memoryview]:
-        for row, n in zip(self.rows, self.lengths.tolist()):
-            yield row[:n].data
-
-    def to_bytes(self) -> list[bytes]:
-        """Copies of the messages, valid after ``release()``."""
-        return [bytes(m) for m in self]
-
-
-def check_timeout(timeout: float | None) -> float | None:
-    """The monotonic deadline of ``timeout`` seconds (None: no deadline)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
-    if not timeout >= 0:
-        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
-    return time.monotonic() + timeout
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-    return int(value)
-
-
-def _as_u8(data: Any) -> np.ndarray:
-    """A 1-D uint8 view of any C-contiguous bytes-like object (no copy)."""
-    if isinstance(data, np.ndarray):
-        if not data.flags.c_contiguous:
-            data = np.ascontiguousarray(data)
-        return data.reshape(-1).view(np.uint8)
-    try:
-        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    except TypeError:
-        raise TypeError(f"a message must be bytes-like (bytes, bytearray, memoryview, numpy array), got {type(data).__name__}") from None
-
-
-def fast_entry(dispatcher, *example_args):
-    """The compiled entry point of ``dispatcher`` for arguments typed like ``example_args``.
-
-    Calling the entry point skips numba's per-call type dispatch (about half of the
-    ~250 ns a small call costs). Callers must pass exactly those types."""
-    sig = tuple(typeof(a) for a in example_args)
-    dispatcher.compile(sig)
-    cres = dispatcher.overloads.get(sig)
-    return getattr(cres, "entry_point", None) or dispatcher
 
 
 @njit(nogil=True, cache=True)
@@ -223,8 +138,8 @@ class ByteRing:
     @classmethod
     def create(cls, capacity: int, slot_size: int, name: str | None = None):
         """A new ring of ``capacity`` slots, each holding a message of up to ``slot_size`` bytes."""
-        capacity = _check_int("capacity", capacity, 1, MAX_CAPACITY)
-        slot_size = _check_int("slot_size", slot_size, 1, MAX_SLOT_SIZE)
+        capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
+        slot_size = check_int("slot_size", slot_size, 1, MAX_SLOT_SIZE)
         return cls(cls._create_segment(capacity, slot_size, name, {}, 0))
 
     @classmethod
@@ -310,7 +225,7 @@ class ByteRing:
         if type(data) is bytes:
             r = self._put(self._ctl, data, _pid)
         else:
-            data = _as_u8(data)
+            data = as_u8(data)
             r = self._put_any(self._ctl, data, _pid)
         if r != 0:
             put = self.kernels.put
@@ -321,7 +236,7 @@ class ByteRing:
         if type(data) is bytes:
             r = self._put(self._ctl, data, _pid)
         else:
-            data = _as_u8(data)
+            data = as_u8(data)
             r = self._put_any(self._ctl, data, _pid)
         if r != 0:
             self._raise_for(r, data)
@@ -336,14 +251,14 @@ class ByteRing:
         if self._reserved >= 0 and self.RESERVE_BLOCKS_PUT:
             self._raise_for(RESERVATION_OPEN, None, "put_many")
         if isinstance(messages, np.ndarray) and messages.ndim == 2:
-            rows = messages if messages.dtype == np.uint8 and messages.flags.c_contiguous else _rows_u8(messages)
+            rows = messages if messages.dtype == np.uint8 and messages.flags.c_contiguous else rows_u8(messages)
             if rows.shape[1] > self.slot_size:
                 raise ValueError(f"slot holds at most {self.slot_size} bytes, got messages of {rows.shape[1]}")
             total = rows.shape[0]
             put_rows = self.kernels.put_rows
             step = lambda: put_rows(self._ctl, rows, done, _pid)  # noqa: E731
         else:
-            parts = [m if type(m) is bytes else _as_u8(m) for m in messages]
+            parts = [m if type(m) is bytes else as_u8(m) for m in messages]
             lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
             if len(parts) and lengths.max() > self.slot_size:
                 j = int(lengths.argmax())
@@ -374,7 +289,7 @@ class ByteRing:
         publishes it. One reservation at a time per ring handle."""
         if self._reserved >= 0:
             raise RuntimeError("reserve() called again before commit() of the previous reservation")
-        n = _check_int("n", n, 0, self.slot_size)
+        n = check_int("n", n, 0, self.slot_size)
         self._reserved = self._claim_slot(n, timeout)
         self._reserved_n = n
         if self.RESERVE_BLOCKS_PUT:
@@ -395,7 +310,7 @@ class ByteRing:
         """Publish the reserved slot with its first ``n`` bytes (default: all reserved)."""
         if self._reserved < 0:
             raise RuntimeError("commit() without a reserve()")
-        n = self._reserved_n if n is None else _check_int("n", n, 0, self._reserved_n)
+        n = self._reserved_n if n is None else check_int("n", n, 0, self._reserved_n)
         slot, self._reserved = self._reserved, -1
         self._put, self._put_any = self._put_bytes, self._put_array
         self.kernels.commit(self._ctl, slot, n)
@@ -506,7 +421,7 @@ class ByteRing:
     def _take_run(self, max_n: int, timeout: float | None, wait: bool, what: str = "get_many") -> tuple[int, int]:
         """Take up to ``max_n`` messages in consecutive slots, held until ``release()``:
         (first slot, count)."""
-        max_n = _check_int("max_n", max_n, 1, MAX_CAPACITY)
+        max_n = check_int("max_n", max_n, 1, MAX_CAPACITY)
         self._drop_cache()
         peek_many = self.kernels.peek_many
         r = peek_many(self._ctl, max_n, _pid)
@@ -635,8 +550,3 @@ class ByteRing:
 def _reservation_open(ctl, data, pid) -> int:
     """Stands in for the put kernel while an SPSC reservation is open."""
     return RESERVATION_OPEN
-
-
-def _rows_u8(messages: np.ndarray) -> np.ndarray:
-    rows = np.ascontiguousarray(messages)
-    return rows.view(np.uint8).reshape(rows.shape[0], -1)

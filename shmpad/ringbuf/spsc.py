@@ -51,7 +51,8 @@ from shmpad.ringbuf.layout import (
 )
 from shmpad.ringbuf.memcopy import copy_bytes
 from shmpad.ringbuf import ring as _ring
-from shmpad.ringbuf.ring import ByteRing, Kernels, fast_entry
+from shmpad.ringbuf.args import fast_entry
+from shmpad.ringbuf.ring import ByteRing, Kernels
 from shmpad.ringbuf.wait import notify
 
 __all__ = ["SPSCRing"]

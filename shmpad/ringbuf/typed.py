@@ -27,7 +27,9 @@ import numpy as np
 from shmpad.errors import SegmentError, Timeout
 from shmpad.ringbuf.layout import round_up
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing, RingStatistics, check_timeout
+from shmpad.ringbuf.args import check_timeout
+from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing
+from shmpad.ringbuf.statistics import RingStatistics
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
 from shmpad.ringbuf.spsc import SPSCRing
 
