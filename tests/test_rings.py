@@ -325,3 +325,21 @@ def test_put_while_a_reservation_is_open_does_not_corrupt_messages(make_ring):
     view[:] = b"reserved"
     ring.commit()
     assert drain(ring) == ([b"reserved", b"put"] if put else [b"reserved"])
+
+
+def test_close_hands_back_what_get_bytes_read_ahead():
+    """SPSC get_bytes takes a run of messages at once; close() gives back the part not
+    handed out, so the statistics and a draining consumer see every message once."""
+    ring = SPSCRing.create(capacity=8, slot_size=4)
+    try:
+        for i in range(8):
+            ring.put(b"%d" % i)
+        assert ring.get_bytes() == b"0"
+        ring.close()
+        stats = ring.statistics()
+        assert (stats.gets, stats.size) == (1, 7)
+        assert [ring.get_bytes(timeout=1) for _ in range(7)] == [b"%d" % i for i in range(1, 8)]
+        with pytest.raises(Closed, match="^ring is closed and drained$"):
+            ring.get_bytes(timeout=1)
+    finally:
+        ring.close()

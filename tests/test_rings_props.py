@@ -366,6 +366,7 @@ class RingMachine(RuleBasedStateMachine):
     def close(self, coin):
         if coin == 0:  # rarely: a closed ring has little left to explore
             self.call("close()", self.ring.close)
+            self.drop_run()  # close hands back what get_bytes read ahead
             self.closed = True
 
     # -- invariants --------------------------------------------------------------------
