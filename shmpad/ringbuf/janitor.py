@@ -41,16 +41,15 @@ for name in names:
 """
 
 _lock = threading.Lock()
-_pipe: dict[int, int] = {}  # pid of the process that owns the write end -> fd
+_fd: int | None = None  # write end of the janitor's pipe; forked children inherit it
 
 
 def _write_fd() -> int | None:
     """The janitor pipe of this process's program, starting a janitor if there is none."""
-    pid = os.getpid()
+    global _fd
     with _lock:
-        if _pipe:
-            # A forked child reuses its parent's janitor through the inherited fd.
-            return next(iter(_pipe.values()))
+        if _fd is not None:
+            return _fd  # in a forked child: the parent's janitor, through the inherited fd
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _JANITOR_SOURCE],
@@ -60,13 +59,12 @@ def _write_fd() -> int | None:
             )
         except OSError:
             return None
-        fd = os.dup(proc.stdin.fileno())
+        _fd = os.dup(proc.stdin.fileno())
         proc.stdin.close()
-        os.set_inheritable(fd, False)  # exec'd programs must not keep the janitor waiting
-        _pipe[pid] = fd
+        os.set_inheritable(_fd, False)  # exec'd programs must not keep the janitor waiting
         # Popen would otherwise warn that the janitor "is still running" at exit.
         proc.returncode = 0
-        return fd
+        return _fd
 
 
 def start() -> None:

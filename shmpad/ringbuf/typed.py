@@ -230,7 +230,7 @@ class TypedRing:
         runs, self._carry = _split(self._carry, batch_size)
         got = sum(k for _, k in runs)
         while got < batch_size:
-            remaining = None if deadline is None else max(0.0, deadline - _now())
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
             except Timeout:
@@ -319,7 +319,3 @@ def _to_torch(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     import torch
 
     return {f: torch.from_numpy(a) for f, a in arrays.items()}
-
-
-def _now() -> float:
-    return time.monotonic()
