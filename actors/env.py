@@ -1,0 +1,178 @@
+"""What an environment worker steps: the ``Env`` interface, its ``EnvSpec``, and ``EnvConfig``.
+
+Every environment, Atari or any other gymnasium id, is driven the same way so that
+a worker can write its observation straight into a shared-memory slot:
+
+    env.reset(obs_out)                           # the first observation, into obs_out
+    reward, done, game_over = env.step(a, obs_out)
+
+``reward`` is the game's own reward (summed over the frame skip), ``done`` ends the
+learner's episode (game over, truncation, or a lost life when asked), ``game_over``
+ends the true episode, after which the worker resets the environment. Episode
+statistics and reward clipping are the worker's, so they look the same for every
+environment.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["Env", "EnvSpec", "EnvConfig", "ATARI_ENTRY_POINT", "seed_sequence"]
+
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Shapes and types of one environment's observation and action.
+
+    ``num_actions`` is set for discrete actions (valid actions ``0..num_actions-1``,
+    ``action_shape == ()``); ``action_low``/``action_high`` bound continuous ones."""
+
+    env_id: str
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    action_shape: tuple[int, ...] = ()
+    action_dtype: np.dtype = np.dtype(np.int64)
+    num_actions: int | None = None
+    action_low: float | None = None
+    action_high: float | None = None
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions is not None
+
+    def describe_actions(self) -> str:
+        if self.discrete:
+            return f"Discrete({self.num_actions}) allows 0..{self.num_actions - 1}"
+        return f"Box{list(self.action_shape)} allows values in [{self.action_low}, {self.action_high}]"
+
+
+class Env(Protocol):
+    """One environment, writing its observations into arrays the caller owns."""
+
+    spec: EnvSpec
+
+    def reset(self, obs_out: np.ndarray) -> None:
+        """Start a new episode and write its first observation into ``obs_out``."""
+
+    def step(self, action: Any, obs_out: np.ndarray) -> tuple[float, bool, bool]:
+        """Act, write the next observation; returns ``(reward, done, game_over)``."""
+
+    def close(self) -> None:
+        """Free what the environment holds."""
+
+
+def seed_sequence(seed: int, index: int, generation: int = 0) -> np.random.SeedSequence:
+    """The seeds of environment ``index`` of a pool seeded with ``seed``.
+
+    They depend on the environment's global index, not on which worker steps it,
+    so a run is reproducible for any split of the same environments into workers.
+    ``generation`` counts restarts of the environment's worker: a restarted
+    environment does not replay the episodes it played before its worker died."""
+    return np.random.SeedSequence(seed, spawn_key=(index, generation))
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """An environment id and the preprocessing options; ``make`` builds one ``Env``.
+
+    Atari ids (those gymnasium registers to ale-py, e.g. ``"ALE/Pong-v5"``) get the
+    IMPALA/moolib preprocessing, ignoring the id's own frame skip and sticky actions:
+    frame skip ``frame_skip`` with the max over the last two frames, 1..``noop_max``
+    no-ops after each reset, grayscale ``screen_size`` x ``screen_size`` by area
+    averaging, a stack of ``frame_stack`` frames, no sticky actions. Any other
+    gymnasium id is stepped as it is, with ``gym_kwargs`` passed to ``gymnasium.make``.
+    """
+
+    env_id: str
+    full_action_space: bool = False
+    """Atari: all 18 actions instead of the game's minimal set."""
+    terminal_on_life_loss: bool = False
+    """Atari: ``done`` on every lost life (the game goes on; episode statistics still count whole games)."""
+    noop_max: int = 30
+    """Atari: at most this many no-op frames after a reset (at least one when > 0)."""
+    frame_skip: int = 4
+    """Atari: emulator frames per agent step."""
+    frame_stack: int = 4
+    """Atari: frames per observation."""
+    screen_size: int = 84
+    """Atari: the side of the square grayscale observation."""
+    max_episode_frames: int = 108_000
+    """Atari: emulator frames after which an episode is truncated (ALE v5's default)."""
+    reward_clip: float | None = None
+    """Clip the learner's reward to [-reward_clip, reward_clip]; episode returns stay unclipped."""
+    gym_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Other ids: keyword arguments for ``gymnasium.make``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env_id, str):
+            raise TypeError(f"env_id must be a str, got {type(self.env_id).__name__}")
+        for name, low in (("noop_max", 0), ("frame_skip", 1), ("frame_stack", 1), ("screen_size", 1), ("max_episode_frames", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if self.reward_clip is not None and not self.reward_clip > 0:
+            raise ValueError(f"reward_clip must be None or > 0, got {self.reward_clip}")
+        if not isinstance(self.gym_kwargs, dict):
+            raise TypeError(f"gym_kwargs must be a dict, got {type(self.gym_kwargs).__name__}")
+        self._registry_spec()  # an unknown id fails here, in the caller, not in a worker
+
+    def _registry_spec(self) -> Any:
+        import gymnasium as gym
+
+        _register_atari()
+        try:
+            return gym.spec(self.env_id)
+        except gym.error.Error:
+            pass
+        close = difflib.get_close_matches(self.env_id, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(
+            f"unknown environment id {self.env_id!r}{hint} (any id registered with gymnasium works; "
+            "gymnasium.pprint_registry() lists them)"
+        )
+
+    @property
+    def is_atari(self) -> bool:
+        return self._registry_spec().entry_point == ATARI_ENTRY_POINT
+
+    def make(self, seeds: np.random.SeedSequence) -> Env:
+        """A new environment seeded from ``seeds`` (see ``seed_sequence``)."""
+        spec = self._registry_spec()
+        if spec.entry_point == ATARI_ENTRY_POINT:
+            from actors.atari import AtariEnv
+
+            return AtariEnv(self, spec.kwargs, seeds)
+        from actors.gym_env import GymEnv
+
+        return GymEnv(self, seeds)
+
+    def spec(self) -> EnvSpec:
+        """The ``EnvSpec`` of the environments ``make`` builds. Builds one, resets it and
+        takes a step, which also compiles the preprocessing kernels in this process
+        (workers forked afterwards inherit them)."""
+        env = self.make(np.random.SeedSequence(0))
+        try:
+            spec = env.spec
+            obs = np.zeros(spec.obs_shape, spec.obs_dtype)
+            env.reset(obs)
+            env.step(np.zeros(spec.action_shape, spec.action_dtype) if not spec.discrete else 0, obs)
+            return spec
+        finally:
+            env.close()
+
+
+def _register_atari() -> None:
+    import gymnasium as gym
+
+    if "ALE/Pong-v5" not in gym.registry:
+        import ale_py
+
+        gym.register_envs(ale_py)
