@@ -1,7 +1,31 @@
 """shmpad: a single-box, shared-memory runtime for distributed reinforcement learning."""
 
+# Programs, nodes and launching (Launchpad's API)
+from shmpad.program import Program
+from shmpad.node import Handle
+from shmpad.node import Node
+from shmpad.python_node import PyClassNode
+from shmpad.python_node import PyNode
+from shmpad.courier import CourierClient
+from shmpad.courier import CourierHandle
+from shmpad.courier import CourierNode
+from shmpad.data_nodes import RingNode
+from shmpad.data_nodes import WeightStoreNode
+from shmpad.colocation import MultiProcessingColocation
+from shmpad.colocation import MultiThreadingColocation
+from shmpad.launch import LaunchType
+from shmpad.launch import PythonProcess
+from shmpad.launch import launch
+from shmpad.manager import WorkerManager
+from shmpad.stopping import register_stop_handler
+from shmpad.stopping import stop
+from shmpad.stopping import stop_event
+from shmpad.stopping import unregister_stop_handler
+from shmpad.stopping import wait_for_stop
+
 # Errors
 from shmpad.errors import Closed
+from shmpad.errors import NodeFailed
 from shmpad.errors import SegmentError
 from shmpad.errors import ShmpadError
 from shmpad.errors import Timeout
@@ -20,6 +44,28 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Closed",
+    "CourierClient",
+    "CourierHandle",
+    "CourierNode",
+    "Handle",
+    "LaunchType",
+    "MultiProcessingColocation",
+    "MultiThreadingColocation",
+    "Node",
+    "NodeFailed",
+    "Program",
+    "PyClassNode",
+    "PyNode",
+    "PythonProcess",
+    "RingNode",
+    "WeightStoreNode",
+    "WorkerManager",
+    "launch",
+    "register_stop_handler",
+    "stop",
+    "stop_event",
+    "unregister_stop_handler",
+    "wait_for_stop",
     "MPMCRing",
     "MessageBatch",
     "RingStatistics",

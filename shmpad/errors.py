@@ -6,7 +6,7 @@ those two cannot say.
 
 from __future__ import annotations
 
-__all__ = ["ShmpadError", "Closed", "WouldBlock", "Timeout", "SegmentError"]
+__all__ = ["ShmpadError", "Closed", "WouldBlock", "Timeout", "SegmentError", "NodeFailed"]
 
 
 class ShmpadError(Exception):
@@ -27,3 +27,36 @@ class Timeout(ShmpadError, TimeoutError):
 
 class SegmentError(ShmpadError):
     """A shared-memory segment is missing, foreign, of another kind or of another layout."""
+
+
+class NodeFailed(ShmpadError, RuntimeError):
+    """A node of a launched program raised or exited non-zero; the program was stopped.
+
+    ``label`` and ``index`` name the node (``label/index``), ``exit_code`` is its
+    process's exit status (negative: killed by that signal; None for a thread), and
+    ``node_traceback`` the traceback it printed, if any.
+    """
+
+    def __init__(self, label: str, index: int, exit_code: int | None, node_traceback: str = ""):
+        self.label = label
+        self.index = index
+        self.exit_code = exit_code
+        self.node_traceback = node_traceback
+        if exit_code is not None and exit_code < 0:
+            import signal
+
+            try:
+                how = f"was killed by {signal.Signals(-exit_code).name}"
+            except ValueError:
+                how = f"was killed by signal {-exit_code}"
+        elif exit_code is not None:
+            how = f"exited with code {exit_code}"
+        else:
+            how = "raised"
+        msg = f"Error in node '{label}/{index}': it {how}"
+        if node_traceback:
+            msg += "\n" + node_traceback.rstrip()
+        super().__init__(msg)
+
+    def __reduce__(self):
+        return (NodeFailed, (self.label, self.index, self.exit_code, self.node_traceback))

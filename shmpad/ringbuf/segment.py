@@ -85,7 +85,9 @@ def _unlink(name: str) -> None:
 
 
 @atexit.register
-def _unlink_owned_at_exit() -> None:
+def unlink_owned() -> None:
+    """Remove every segment this process created and still owns (run at exit; call
+    it before ``os._exit``, which skips atexit)."""
     pid = os.getpid()
     with _owned_lock:
         mine = [n for n, p in _owned.items() if p == pid]
@@ -227,6 +229,14 @@ class Segment:
         except BufferError:
             pass  # exported views remain; the mapping goes when they do
         self._mmap = None
+
+    def disown(self) -> None:
+        """Give up ownership: this handle's close and this process's exit no longer
+        remove the name; whoever attaches and calls ``unlink`` does (the janitor
+        still removes it when the program ends). Used to hand a segment over."""
+        with _owned_lock:
+            _owned.pop(self.name, None)
+        self._created = False
 
     def unlink(self) -> None:
         """Remove the name (the memory lives on while any process maps it). Idempotent."""

@@ -1,0 +1,150 @@
+"""``MultiProcessingColocation``: several PyNodes as child processes of one node,
+restarted when they fail (up to a budget shared by all of them)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+from typing import Sequence
+
+from shmpad import context
+from shmpad.errors import Closed
+from shmpad.node import Handle, Node
+from shmpad.process import fork
+from shmpad.python_node import PyNode
+from shmpad.colocation.multi_threading import check_nodes
+
+__all__ = ["MultiProcessingColocation"]
+
+_POLL_MS = 100
+
+
+class MultiProcessingColocation(PyNode):
+    """Runs each of ``nodes`` in its own child process of this node. A child that exits
+    non-zero is restarted while fewer than ``num_retries_on_failure`` restarts were
+    made (one budget for all children); past that the node kills the others and
+    raises. When the program stops, the children get SIGTERM (their stop handlers
+    run) and are killed with the node."""
+
+    def __init__(self, nodes: Sequence[PyNode], num_retries_on_failure: int = 0):
+        if isinstance(num_retries_on_failure, bool) or not isinstance(num_retries_on_failure, int):
+            raise TypeError(f"num_retries_on_failure must be an int, got {type(num_retries_on_failure).__name__}")
+        if num_retries_on_failure < 0:
+            raise ValueError(f"num_retries_on_failure must be >= 0, got {num_retries_on_failure}")
+        self._nodes = check_nodes("MultiProcessingColocation", nodes)
+        self._num_retries = num_retries_on_failure
+        super().__init__(self._run_all)
+        self._input_handles = [h for n in self._nodes for h in n.input_handles]
+
+    def add_node(self, node: PyNode) -> Handle:
+        check_nodes("MultiProcessingColocation", [node])
+        self._nodes.append(node)
+        self._input_handles.extend(node.input_handles)
+        return node.create_handle()
+
+    def inner_nodes(self) -> list[Node]:
+        return list(self._nodes)
+
+    def _spawn(self, i: int, ctx: context.NodeContext | None) -> tuple[int, int, int]:
+        """Fork child ``i``; returns (pid, pidfd, read end of its error pipe)."""
+        node = self._nodes[i]
+        xr, xw = os.pipe()
+
+        def body() -> None:
+            extra = ctx.extra if ctx is not None else {}
+            stopper = context.StopController(request_fd=extra.get("request_fd"))
+            if ctx is not None:
+                child = context.NodeContext(ctx.program, ctx.launch_type, stopper, ctx.label, ctx.index)
+                child.extra.update(extra)
+                context.set_thread_context(None)
+                context.set_process_context(child)
+            signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())
+            if "stop_fd" in extra:
+                stopper.watch(extra["stop_fd"])
+            node.run()
+
+        def clean(exc: BaseException) -> bool:
+            c = context.current_or_none()
+            return isinstance(exc, Closed) and c is not None and c.stopper.event.is_set()
+
+        try:
+            pid = fork(body, error_fd=xw, close_fds=(xr,), clean_exit=clean, new_group=False)
+        finally:
+            os.close(xw)
+        os.set_blocking(xr, False)
+        return pid, os.pidfd_open(pid), xr
+
+    def _run_all(self) -> None:
+        if not self._nodes:
+            raise ValueError("MultiProcessingColocation requires at least one node.")
+        ctx = context.current_or_none()
+        stopping = ctx.stopper.event if ctx is not None else threading.Event()
+        children: dict[int, tuple[int, int, int, bytearray]] = {}  # i -> pid, pidfd, err fd, text
+        restarts = 0
+        terminated = False
+        try:
+            for i in range(len(self._nodes)):
+                pid, pidfd, xr = self._spawn(i, ctx)
+                children[i] = (pid, pidfd, xr, bytearray())
+            while children:
+                if stopping.is_set() and not terminated:
+                    terminated = True
+                    for pid, *_ in children.values():
+                        _signal(pid, signal.SIGTERM)
+                poller = select.poll()
+                for pid, pidfd, xr, _ in children.values():
+                    poller.register(pidfd, select.POLLIN)
+                    poller.register(xr, select.POLLIN)
+                ready = {fd for fd, _ in poller.poll(_POLL_MS)}
+                for i, (pid, pidfd, xr, text) in list(children.items()):
+                    if xr in ready:
+                        _drain(xr, text)
+                    if pidfd not in ready:
+                        continue
+                    _, status = os.waitpid(pid, 0)
+                    code = os.waitstatus_to_exitcode(status)
+                    _drain(xr, text)
+                    os.close(pidfd)
+                    os.close(xr)
+                    del children[i]
+                    if code == 0 or stopping.is_set():
+                        continue
+                    if restarts >= self._num_retries:
+                        detail = text.decode("utf-8", "replace").rstrip()
+                        raise RuntimeError(
+                            f"num_retries_on_failure (={self._num_retries}) is reached: colocated node {i} "
+                            f"exited with code {code}" + (f"\n{detail}" if detail else "")
+                        )
+                    restarts += 1
+                    print(f"colocated node {i} exited with code {code}; restarting it ({restarts}/{self._num_retries})", flush=True)
+                    pid, pidfd, xr = self._spawn(i, ctx)
+                    children[i] = (pid, pidfd, xr, bytearray())
+        finally:
+            for pid, pidfd, xr, _ in children.values():
+                _signal(pid, signal.SIGKILL)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                os.close(pidfd)
+                os.close(xr)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _drain(fd: int, into: bytearray) -> None:
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            return
+        if not data:
+            return
+        into += data

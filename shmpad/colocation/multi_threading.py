@@ -1,0 +1,78 @@
+"""``MultiThreadingColocation``: several PyNodes as threads of one node."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Sequence
+
+from shmpad import context
+from shmpad.node import Handle, Node
+from shmpad.python_node import PyNode
+
+__all__ = ["MultiThreadingColocation"]
+
+
+def check_nodes(kind: str, nodes: Sequence[Node]) -> list[PyNode]:
+    nodes = list(nodes)
+    for n in nodes:
+        if not isinstance(n, PyNode):
+            raise ValueError(f"{kind} only works with PyNodes, got {type(n).__name__}")
+    return nodes
+
+
+class MultiThreadingColocation(PyNode):
+    """Runs ``nodes`` (PyNodes: PyClassNode and CourierNode included) as threads of one
+    node. The first exception raised by any of them is re-raised by this node. With
+    ``return_on_first_completed`` the node ends when the first inner node ends;
+    otherwise when all have (or one raised)."""
+
+    def __init__(self, nodes: Sequence[PyNode], return_on_first_completed: bool = False):
+        self._nodes = check_nodes("MultiThreadingColocation", nodes)
+        self._return_on_first_completed = return_on_first_completed
+        super().__init__(self._run_all)
+        self._input_handles = [h for n in self._nodes for h in n.input_handles]
+
+    def add_node(self, node: PyNode) -> Handle:
+        check_nodes("MultiThreadingColocation", [node])
+        self._nodes.append(node)
+        self._input_handles.extend(node.input_handles)
+        return node.create_handle()
+
+    def inner_nodes(self) -> list[Node]:
+        return list(self._nodes)
+
+    def _run_all(self) -> None:
+        if not self._nodes:
+            raise ValueError("MultiThreadingColocation requires at least one node.")
+        ctx = context.current_or_none()
+        done = threading.Condition()
+        finished: list[int] = []
+        errors: list[BaseException] = []
+
+        def run(i: int, node: PyNode) -> None:
+            context.set_thread_context(ctx)
+            try:
+                node.run()
+            except BaseException as e:  # noqa: BLE001 - re-raised by the colocation
+                e.__shmpad_traceback__ = traceback.format_exc()
+                with done:
+                    errors.append(e)
+            finally:
+                with done:
+                    finished.append(i)
+                    done.notify_all()
+
+        threads = [
+            threading.Thread(target=run, args=(i, n), name=f"shmpad-colocated-{i}", daemon=True)
+            for i, n in enumerate(self._nodes)
+        ]
+        for t in threads:
+            t.start()
+        with done:
+            while not errors and len(finished) < len(threads):
+                if self._return_on_first_completed and finished:
+                    break
+                done.wait()
+            if errors:
+                raise errors[0]

@@ -1,0 +1,132 @@
+"""Nodes that carry bulk data between other nodes through shared memory: a ring
+(typed trajectories or byte messages) and a versioned weight store.
+
+They run no code of their own. The launcher creates their segment before any node
+starts, closes it when the program stops (so that blocked producers and consumers
+wake with ``Closed``) and removes it when the program ends; each node that gets
+the handle attaches the segment in its own process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from shmpad.node import Handle, Node
+from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing, WeightStore
+
+__all__ = ["RingNode", "WeightStoreNode"]
+
+
+class _SegmentHandle(Handle):
+    def __init__(self, node: "_SegmentNode"):
+        self._node = node
+
+    @property
+    def name(self) -> str:
+        return self._node.segment_name
+
+    def dereference(self) -> Any:
+        return self._node.attach()
+
+
+class _SegmentNode(Node):
+    RUNS = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner: Any = None
+
+    def create_handle(self) -> Handle:
+        return _SegmentHandle(self)
+
+    @property
+    def segment_name(self) -> str:
+        if self._owner is None:
+            raise RuntimeError(
+                f"{self!r} has no shared memory yet: its handle can be dereferenced only once the program "
+                "that holds the node is launched (shmpad.launch)"
+            )
+        return self._owner.name
+
+    def allocate(self) -> None:
+        if self._owner is None:
+            self._owner = self._create()
+
+    def on_stop(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+
+    def release(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+            self._owner = None
+
+    def _create(self) -> Any:
+        raise NotImplementedError
+
+    def attach(self) -> Any:
+        raise NotImplementedError
+
+
+class RingNode(_SegmentNode):
+    """A shared-memory queue between nodes (shmpad's counterpart of a replay/queue
+    server). With ``spec`` (field name -> (shape, dtype)) it is a ``TypedRing`` of
+    fixed-shape slots, such as trajectories; without it a ring of byte messages of up
+    to ``slot_size`` bytes. ``multi=True`` (the default) allows several producers and
+    consumers; ``multi=False`` is the faster single-producer single-consumer ring.
+    The handle dereferences to the ring."""
+
+    def __init__(
+        self,
+        capacity: int,
+        spec: Mapping[str, Any] | None = None,
+        slot_size: int | None = None,
+        multi: bool = True,
+    ):
+        super().__init__()
+        if spec is None and slot_size is None:
+            raise ValueError("RingNode needs a spec (typed slots) or a slot_size (byte messages), got neither")
+        if spec is not None and slot_size is not None:
+            raise ValueError("RingNode takes a spec (typed slots) or a slot_size (byte messages), not both")
+        self._capacity = capacity
+        self._spec = spec
+        self._slot_size = slot_size
+        self._multi = multi
+        if spec is not None:  # check the arguments now, not at launch
+            TypedRing.create(spec, capacity, multi=multi).close()
+        else:
+            (MPMCRing if multi else SPSCRing).create(capacity, slot_size).close()
+
+    def _create(self) -> Any:
+        if self._spec is not None:
+            return TypedRing.create(self._spec, self._capacity, multi=self._multi)
+        return (MPMCRing if self._multi else SPSCRing).create(self._capacity, self._slot_size)
+
+    def attach(self) -> Any:
+        name = self.segment_name
+        if self._spec is not None:
+            return TypedRing.attach(name)
+        return (MPMCRing if self._multi else SPSCRing).attach(name)
+
+    def __repr__(self) -> str:
+        what = f"spec={list(self._spec)}" if self._spec is not None else f"slot_size={self._slot_size}"
+        return f"RingNode(capacity={self._capacity}, {what}, multi={self._multi})"
+
+
+class WeightStoreNode(_SegmentNode):
+    """A versioned weight store shaped like ``template`` (a torch module, a state
+    dict or a dict of arrays). The handle dereferences to the ``WeightStore``."""
+
+    def __init__(self, template: Any):
+        super().__init__()
+        self._template = template
+        WeightStore.create(template).close()  # check the template now, not at launch
+
+    def _create(self) -> Any:
+        return WeightStore.create(self._template)
+
+    def attach(self) -> Any:
+        return WeightStore.attach(self.segment_name)
+
+    def __repr__(self) -> str:
+        return "WeightStoreNode()"

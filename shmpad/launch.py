@@ -1,0 +1,145 @@
+"""``launch(program)``: start a program's nodes under one of the launch types.
+
+``local_mp`` (shmpad's default) forks one process per node; ``local_mt`` runs
+every node as a thread of the launching process; ``test_mp`` and ``test_mt`` do
+the same for tests (no waiting at exit; with ``test_case`` the program is
+stopped, and its failure raised, in the test's cleanup). The launch type also
+comes from ``--lp_launch_type`` on the command line, and the termination notice
+(seconds a stopping node gets before it is killed) from
+``--lp_termination_notice_secs``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import sys
+from typing import Any, Mapping, Sequence
+
+from shmpad.manager import PythonProcess, WorkerManager
+from shmpad.node import Node
+from shmpad.program import Program
+from shmpad.ringbuf import janitor
+
+__all__ = ["LaunchType", "launch", "PythonProcess"]
+
+DEFAULT_TERMINATION_NOTICE_SECS = 10.0
+
+
+class LaunchType(enum.Enum):
+    LOCAL_MULTI_THREADING = "local_mt"
+    LOCAL_MULTI_PROCESSING = "local_mp"
+    TEST_MULTI_THREADING = "test_mt"
+    TEST_MULTI_PROCESSING = "test_mp"
+
+
+_ALLOWED = [t.value for t in LaunchType]
+
+
+def _flag(name: str, argv: Sequence[str]) -> str | None:
+    """The value of ``--name=value`` or ``--name value`` in ``argv`` (the last one wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def _launch_type(launch_type: LaunchType | str | None) -> LaunchType:
+    if launch_type is None:
+        launch_type = _flag("lp_launch_type", sys.argv[1:]) or LaunchType.LOCAL_MULTI_PROCESSING.value
+    if isinstance(launch_type, LaunchType):
+        return launch_type
+    if not isinstance(launch_type, str):
+        raise TypeError(f"launch_type must be a LaunchType or a str, got {type(launch_type).__name__}")
+    try:
+        return LaunchType(launch_type)
+    except ValueError:
+        raise ValueError(f"unknown launch type {launch_type!r}: allowed: {_ALLOWED}") from None
+
+
+def _notice(termination_notice_secs: float | None) -> float:
+    if termination_notice_secs is None:
+        raw = _flag("lp_termination_notice_secs", sys.argv[1:])
+        if raw is None:
+            return DEFAULT_TERMINATION_NOTICE_SECS
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"--lp_termination_notice_secs must be a number of seconds, got {raw!r}") from None
+    if isinstance(termination_notice_secs, bool) or not isinstance(termination_notice_secs, (int, float)):
+        raise TypeError(f"termination_notice_secs must be a number, got {type(termination_notice_secs).__name__}")
+    return float(termination_notice_secs)
+
+
+def _all_nodes(nodes: list[Node]) -> list[Node]:
+    out = []
+    for node in nodes:
+        out.append(node)
+        out.extend(_all_nodes(node.inner_nodes()))
+    return out
+
+
+def launch(
+    programs: Program | Sequence[Program],
+    launch_type: LaunchType | str | None = None,
+    local_resources: Mapping[str, PythonProcess] | None = None,
+    test_case: Any = None,
+    terminal: str | None = None,
+    *,
+    termination_notice_secs: float | None = None,
+    serialize_py_nodes: bool | None = None,
+) -> WorkerManager:
+    """Start every node of ``program`` and return its ``WorkerManager`` (``wait()``,
+    ``stop_and_wait()``). Under the local launch types the launching interpreter also
+    waits for the program when it exits, and exits non-zero if a node failed.
+    ``terminal`` and ``serialize_py_nodes`` are accepted for Launchpad compatibility
+    and ignored: output always goes to this terminal with a ``[label/i]`` prefix, and
+    nodes are forked, not serialized."""
+    if isinstance(programs, Program):
+        program = programs
+    elif isinstance(programs, (list, tuple)) and programs and all(isinstance(p, Program) for p in programs):
+        if len(programs) > 1:
+            raise ValueError(f"launch() runs one program at a time, got {len(programs)}")
+        program = programs[0]
+    else:
+        raise TypeError(f"launch() takes a Program, got {type(programs).__name__}")
+    kind = _launch_type(launch_type)
+    notice = _notice(termination_notice_secs)
+    resources = dict(local_resources or {})
+    for label, res in resources.items():
+        if label not in program.groups:
+            raise ValueError(f"local_resources names group {label!r}, which the program does not have; groups: {sorted(program.groups)}")
+        if not isinstance(res, PythonProcess):
+            raise ValueError(f"Launch config for {label} must be a PythonProcess, got {type(res).__name__}")
+    processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)
+    if processes:
+        janitor.start()  # before any fork, so that every node holds the janitor's pipe
+    nodes = _all_nodes(program.get_all_nodes())
+    allocated: list[Node] = []
+    try:
+        for node in nodes:
+            node.allocate()
+            allocated.append(node)
+        for label, group in program.groups.items():
+            for node in group:
+                for handle in node.input_handles:
+                    handle.connect(node, label)
+    except BaseException:
+        for node in allocated:
+            node.release()
+        raise
+    manager = WorkerManager(program.name, kind.value, processes, notice)
+    manager.track(nodes)
+    for label, group in program.groups.items():
+        for index, node in enumerate(group):
+            if node.RUNS:
+                manager.add(label, index, node, resources.get(label))
+    manager.start()
+    if kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.LOCAL_MULTI_THREADING):
+        atexit.register(manager._wait_at_exit)
+    if test_case is not None:
+        test_case.addCleanup(manager.cleanup_after_test, test_case)
+    return manager

@@ -1,0 +1,554 @@
+"""The worker manager: runs a program's nodes as processes or threads and supervises them.
+
+One supervisor thread per launched program forks the node processes (so that
+their parent-death signal is tied to a thread that lives as long as they do),
+then waits in ``poll`` on: each process's pidfd (exit), its stdout/stderr pipes
+(forwarded line by line with a ``[label/i]`` prefix), its error pipe (the
+traceback it died with), and one request pipe on which nodes ask for a stop, the
+signal handlers report Ctrl+C, and thread nodes report that they ended.
+
+Stopping closes the stop pipe (every node's watcher thread sees end-of-file and
+triggers its stop handlers), closes the rings of data and courier nodes (blocked
+callers wake with ``Closed``), waits the termination notice and then SIGKILLs
+the process group of every node still alive. The first failure (an exception, a
+non-zero exit, a death by signal) that happens before a stop began is printed as
+``Error in node 'label/i'`` with its traceback, stops the program, and is raised
+by ``wait()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from shmpad import context
+from shmpad.errors import Closed, NodeFailed
+from shmpad.node import Node
+from shmpad.process import fork
+
+__all__ = ["WorkerManager", "PythonProcess"]
+
+_READ = 1 << 16
+# Descriptors only a launcher may hold (stop pipes' write ends, request pipes' read
+# ends, node pipes and pidfds of every program this process launched): a forked
+# node closes them all, or a program's nodes would keep another's stop pipe open.
+_launcher_fds: set[int] = set()
+
+
+@dataclass(frozen=True)
+class PythonProcess:
+    """How to run the nodes of one group as processes: ``env`` is laid over the
+    environment and ``args`` become command-line flags (``--name=value``; a bool
+    ``--name`` / ``--noname``) in the node's ``sys.argv``."""
+
+    args: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        out = []
+        for k, v in self.args.items():
+            if isinstance(v, bool):
+                out.append(f"--{k}" if v else f"--no{k}")
+            else:
+                out.append(f"--{k}={v}")
+        return out
+
+
+@dataclass
+class _Worker:
+    label: str
+    index: int
+    node: Node
+    resources: PythonProcess | None = None
+    pid: int | None = None
+    pidfd: int | None = None
+    thread: threading.Thread | None = None
+    fds: dict = field(default_factory=dict)  # read fd -> "out" | "err" | "error"
+    partial: dict = field(default_factory=dict)  # read fd -> bytes of an unfinished line
+    error_text: bytearray = field(default_factory=bytearray)
+    exception: BaseException | None = None
+    exit_code: int | None = None
+    done: bool = False
+    reported: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.label}/{self.index}"
+
+
+class WorkerManager:
+    """Runs and supervises the nodes of one launched program (returned by ``launch``)."""
+
+    def __init__(self, program: str, launch_type: str, processes: bool, termination_notice_secs: float):
+        self.program = program
+        self.launch_type = launch_type
+        self._processes = processes
+        self._notice = termination_notice_secs
+        self._workers: list[_Worker] = []
+        self._nodes: list[Node] = []
+        self._cond = threading.Condition()
+        self._failure: BaseException | None = None
+        self._failed_worker: _Worker | None = None
+        self._stopping = False
+        self._interrupts = 0
+        self._kill_at: float | None = None
+        self._finished = False
+        self._stop_r, self._stop_w = os.pipe()
+        self._req_r, self._req_w = os.pipe()
+        _launcher_fds.update((self._stop_w, self._req_r))
+        self._poke_lock = threading.Lock()
+        os.set_blocking(self._req_r, False)
+        self._stopper = context.StopController(on_request=self._request_stop)
+        self._ctx = context.NodeContext(program, launch_type, self._stopper)
+        self._supervisor: threading.Thread | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    # -- setting up --------------------------------------------------------------------
+
+    def add(self, label: str, index: int, node: Node, resources: PythonProcess | None) -> None:
+        self._workers.append(_Worker(label, index, node, resources))
+
+    def track(self, nodes: Iterable[Node]) -> None:
+        """Nodes whose ``on_stop``/``release`` the manager calls (all of the program's)."""
+        self._nodes.extend(nodes)
+
+    def start(self) -> None:
+        context.set_process_context(self._ctx)
+        self._install_signal_handlers()
+        self._supervisor = threading.Thread(target=self._supervise, name=f"shmpad-launcher-{self.program}", daemon=True)
+        self._supervisor.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    # -- public API --------------------------------------------------------------------
+
+    def wait(self, labels: Iterable[str] | None = None, raise_error: bool = True, return_on_first_completed: bool = False) -> None:
+        """Block until the nodes of ``labels`` (default: all) have ended, or with
+        ``return_on_first_completed`` until one of them has. If any node failed (and
+        ``raise_error``), waits until the program has stopped and raises that failure."""
+        if isinstance(labels, str):
+            labels = [labels]
+        wanted = None if labels is None else set(labels)
+        if wanted is not None:
+            known = {w.label for w in self._workers}
+            unknown = wanted - known
+            if unknown:
+                raise ValueError(f"no running nodes labelled {sorted(unknown)}; labels with nodes: {sorted(known)}")
+        if self._finished and threading.current_thread() is threading.main_thread():
+            self._restore_signal_handlers()
+        with self._cond:
+            while True:
+                if raise_error and self._failure is not None and self._finished:
+                    self._failure_seen()
+                    raise self._failure
+                mine = [w for w in self._workers if wanted is None or w.label in wanted]
+                if self._finished:
+                    return
+                if self._failure is None or not raise_error:
+                    # (after a failure, wait for the stop to finish, then raise it)
+                    if all(w.done for w in mine):
+                        return
+                    if return_on_first_completed and any(w.done for w in mine):
+                        return
+                self._cond.wait()
+
+    def stop(self) -> None:
+        """Begin stopping the program (returns at once)."""
+        self._request_stop()
+
+    def stop_and_wait(self) -> None:
+        """Stop the program and wait until every node has ended (or was killed)."""
+        self._request_stop()
+        self.wait(raise_error=False)
+
+    def wait_for_stop(self, timeout: float | None = None) -> bool:
+        return self._stopper.event.wait(timeout)
+
+    def stop_event(self) -> threading.Event:
+        return self._stopper.event
+
+    def cleanup_after_test(self, test_case: Any = None) -> None:
+        """Stop, wait, then raise the first failure if there was one."""
+        self.stop_and_wait()
+        if self._failure is not None:
+            self._failure_seen()
+            raise self._failure
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def exit_codes(self) -> dict[str, int | None]:
+        """``label/i`` -> exit code of each ended process node (None: still running)."""
+        return {w.name: w.exit_code for w in self._workers}
+
+    def pids(self) -> dict[str, int]:
+        return {w.name: w.pid for w in self._workers if w.pid is not None}
+
+    def _failure_seen(self) -> None:
+        atexit.unregister(self._wait_at_exit)  # the caller has it: exit need not report it
+
+    def _wait_at_exit(self) -> None:
+        """Registered with atexit by the local launch types: the launcher's interpreter
+        waits for the program and exits non-zero if it failed."""
+        try:
+            self.wait()
+        except BaseException:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+    # -- supervision -------------------------------------------------------------------
+
+    def _request_stop(self) -> None:
+        self._poke(b"s")
+
+    def _poke(self, what: bytes) -> None:
+        """Wake the supervisor with a request (a no-op once the program is over)."""
+        with self._poke_lock:
+            if self._req_w >= 0:
+                try:
+                    os.write(self._req_w, what)
+                except OSError:
+                    pass
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may; Ctrl+C then raises KeyboardInterrupt there as usual
+
+        def on_signal(signum, frame):
+            if self._finished:  # the program is over: behave as before it started
+                old = self._old_handlers.get(signum)
+                self._restore_signal_handlers()
+                if callable(old):
+                    old(signum, frame)
+                return
+            self._poke(b"i" if signum == signal.SIGINT else b"s")
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, TypeError):
+                pass
+        self._old_handlers.clear()
+
+    def _supervise(self) -> None:
+        poller = select.poll()
+        self._poller = poller
+        self._by_fd: dict[int, _Worker] = {}
+        try:
+            poller.register(self._req_r, select.POLLIN)
+            for w in self._workers:
+                self._start_worker(w)
+        except BaseException as e:
+            self._start_error = e
+            self._begin_stop()
+        finally:
+            self._started.set()
+        try:
+            self._loop()
+        except BaseException:
+            traceback.print_exc()
+            self._kill_all()
+        finally:
+            self._finish()
+
+    def _start_worker(self, w: _Worker) -> None:
+        if not self._processes:
+            ctx = context.NodeContext(self.program, self.launch_type, self._stopper, w.label, w.index)
+
+            def run() -> None:
+                context.set_thread_context(ctx)
+                try:
+                    w.node.run()
+                except BaseException as e:  # noqa: BLE001 - reported by the supervisor
+                    if not (self._stopper.event.is_set() and isinstance(e, Closed)):
+                        w.exception = e
+                        w.error_text = bytearray(traceback.format_exc().encode())
+                finally:
+                    w.done = True
+                    self._poke(b"t")
+
+            w.thread = threading.Thread(target=run, name=f"shmpad-node-{w.name}", daemon=True)
+            w.thread.start()
+            return
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        xr, xw = os.pipe()
+        others = [fd for fd in _launcher_fds if fd >= 0]
+        body = self._child_body(w, out_w, err_w, xw)
+        try:
+            w.pid = fork(
+                body,
+                stdout_fd=out_w,
+                stderr_fd=err_w,
+                error_fd=xw,
+                close_fds=tuple(others + [out_r, err_r, xr]),
+                clean_exit=lambda exc: isinstance(exc, Closed) and _child_stopping(),
+            )
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+            os.close(xw)
+        w.pidfd = os.pidfd_open(w.pid)
+        _launcher_fds.update((w.pidfd, out_r, err_r, xr))
+        for fd, kind in ((out_r, "out"), (err_r, "err"), (xr, "error")):
+            os.set_blocking(fd, False)
+            w.fds[fd] = kind
+            self._by_fd[fd] = w
+            self._poller.register(fd, select.POLLIN)
+        self._by_fd[w.pidfd] = w
+        self._poller.register(w.pidfd, select.POLLIN)
+
+    def _child_body(self, w: _Worker, out_w: int, err_w: int, xw: int) -> Callable[[], None]:
+        stop_r, req_w = self._stop_r, self._req_w
+
+        def body() -> None:
+            stopper = context.StopController(request_fd=req_w)
+            context.set_thread_context(None)
+            ctx = context.NodeContext(self.program, self.launch_type, stopper, w.label, w.index)
+            ctx.extra.update(stop_fd=stop_r, request_fd=req_w)
+            context.set_process_context(ctx)
+            signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())
+            stopper.watch(stop_r)
+            if w.resources is not None:
+                os.environ.update({k: str(v) for k, v in w.resources.env.items()})
+                sys.argv[1:] = w.resources.argv()
+            w.node.run()
+
+        return body
+
+    def _loop(self) -> None:
+        while True:
+            if self._all_done():
+                return
+            timeout_ms = -1
+            if self._kill_at is not None:
+                timeout_ms = max(0, int((self._kill_at - time.monotonic()) * 1000) + 1)
+            for fd, _ in self._poller.poll(timeout_ms):
+                if fd == self._req_r:
+                    self._on_requests()
+                    continue
+                w = self._by_fd.get(fd)
+                if w is None:
+                    continue
+                if fd == w.pidfd:
+                    self._reap(w)
+                else:
+                    self._read(w, fd)
+            if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                self._on_notice_expired()
+
+    def _all_done(self) -> bool:
+        return all(w.done for w in self._workers)
+
+    def _on_requests(self) -> None:
+        try:
+            data = os.read(self._req_r, 4096)
+        except BlockingIOError:
+            return
+        for b in data:
+            c = chr(b)
+            if c == "s":
+                self._begin_stop()
+            elif c == "i":
+                self._interrupts += 1
+                if self._interrupts == 1:
+                    _say("User-requested termination. Asking nodes to stop.")
+                    _say("Press Ctrl+C again to terminate immediately.")
+                    self._begin_stop()
+                else:
+                    _say("Killing every node now.")
+                    self._kill_all()
+        for w in self._workers:
+            if w.thread is not None and w.done and not w.reported:
+                w.reported = True
+                w.exit_code = 0 if w.exception is None else 1
+                if w.exception is not None:
+                    self._fail(w, w.exception)
+                self._notify()
+
+    def _read(self, w: _Worker, fd: int) -> bool:
+        """Forward what ``fd`` has; False when it had nothing (it is then closed if at
+        end-of-file)."""
+        try:
+            data = os.read(fd, _READ)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._close_fd(w, fd)
+            return False
+        kind = w.fds[fd]
+        if kind == "error":
+            w.error_text += data
+            return True
+        buf = w.partial.get(fd, b"") + data
+        *lines, rest = buf.split(b"\n")
+        w.partial[fd] = rest
+        if lines:
+            self._emit(w, kind, lines)
+        return True
+
+    def _emit(self, w: _Worker, kind: str, lines: list[bytes]) -> None:
+        prefix = f"[{w.name}] "
+        text = "".join(prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
+        stream = sys.stdout if kind == "out" else sys.stderr
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _close_fd(self, w: _Worker, fd: int) -> None:
+        rest = w.partial.pop(fd, b"")
+        if rest and w.fds.get(fd) in ("out", "err"):
+            self._emit(w, w.fds[fd], [rest])
+        try:
+            self._poller.unregister(fd)
+        except KeyError:
+            pass
+        self._by_fd.pop(fd, None)
+        w.fds.pop(fd, None)
+        _launcher_fds.discard(fd)
+        os.close(fd)
+
+    def _reap(self, w: _Worker) -> None:
+        try:
+            _, status = os.waitpid(w.pid, 0)
+            w.exit_code = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            w.exit_code = w.exit_code if w.exit_code is not None else -1
+        # what the node wrote before it exited is in its pipes: take it, then let go
+        # (a grandchild may hold the pipes open; its later output is not waited for)
+        for fd in list(w.fds):
+            while fd in w.fds and self._read(w, fd):
+                pass
+            if fd in w.fds:
+                self._close_fd(w, fd)
+        self._poller.unregister(w.pidfd)
+        self._by_fd.pop(w.pidfd, None)
+        _launcher_fds.discard(w.pidfd)
+        os.close(w.pidfd)
+        w.pidfd = None
+        w.done = True
+        if w.exit_code != 0:
+            self._fail(w, NodeFailed(w.label, w.index, w.exit_code, w.error_text.decode("utf-8", "replace")))
+        self._notify()
+
+    def _fail(self, w: _Worker, exc: BaseException) -> None:
+        if self._stopping or self._failure is not None:
+            return  # what ends during a stop is not a failure
+        self._failure = exc
+        self._failed_worker = w
+        text = w.error_text.decode("utf-8", "replace").rstrip()
+        if isinstance(exc, NodeFailed):
+            _say(str(exc))
+        else:
+            _say(f"Error in node '{w.name}':\n{text}")
+        self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._notice >= 0:
+            self._kill_at = time.monotonic() + self._notice
+        _launcher_fds.discard(self._stop_w)
+        os.close(self._stop_w)
+        self._stop_w = -1
+        for node in self._nodes:
+            try:
+                node.on_stop()
+            except Exception:
+                traceback.print_exc()
+        threading.Thread(target=self._stopper.trigger, name="shmpad-stop-handlers", daemon=True).start()
+        self._notify()
+
+    def _on_notice_expired(self) -> None:
+        alive = [w for w in self._workers if not w.done]
+        self._kill_at = None
+        if not alive:
+            return
+        _say(f"Nodes that did not stop within the termination notice ({self._notice} s): {[w.name for w in alive]}; killing them.")
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        for w in self._workers:
+            if w.done:
+                continue
+            if w.pid is not None:
+                for kill in (lambda: os.killpg(w.pid, signal.SIGKILL), lambda: os.kill(w.pid, signal.SIGKILL)):
+                    try:
+                        kill()
+                    except OSError as e:
+                        if e.errno != errno.ESRCH:
+                            raise
+            else:
+                w.done = w.reported = True  # a thread cannot be killed: abandon it (it is a daemon)
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _finish(self) -> None:
+        for node in self._nodes:
+            try:
+                node.release()
+            except Exception:
+                traceback.print_exc()
+        for w in self._workers:
+            for fd in list(w.fds):
+                self._close_fd(w, fd)
+            if w.pidfd is not None:
+                _launcher_fds.discard(w.pidfd)
+                os.close(w.pidfd)
+                w.pidfd = None
+        for fd in (self._stop_w, self._stop_r, self._req_r):
+            if fd >= 0:
+                _launcher_fds.discard(fd)
+                os.close(fd)
+        self._stop_w = self._stop_r = self._req_r = -1
+        with self._poke_lock:
+            os.close(self._req_w)
+            self._req_w = -1
+        if not self._stopper.event.is_set():
+            self._stopper.trigger()
+        if self._failure is None:
+            atexit.unregister(self._wait_at_exit)
+        if context._process_context is self._ctx:
+            context.set_process_context(None)
+        with self._cond:
+            self._finished = True
+            self._cond.notify_all()
+
+
+def _child_stopping() -> bool:
+    ctx = context.current_or_none()
+    return ctx is not None and ctx.stopper.event.is_set()
+
+
+def _say(msg: str) -> None:
+    try:
+        sys.stderr.write(msg.rstrip("\n") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
