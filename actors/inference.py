@@ -1,0 +1,111 @@
+"""Batched inference over an ``EnvPool``, in the pool's process, on the CPU or a GPU.
+
+Each ``step`` takes the next half from the pool, runs the policy on a zero-copy
+torch view of its observation slots (moved to ``device`` when that is a GPU),
+samples actions from the logits, writes them into the half's action slots and
+sends them, so the workers of that half step while the other half is in the
+network. With a ``RolloutWriter`` the step also records the half's row of every
+unroll. With a ``WeightStore`` the model pulls newer weights before each batch.
+
+``statistics()`` says where the time went: waiting for the workers, in the network,
+recording rollouts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from actors.pool import EnvPool, HalfBatch
+from actors.rollout import RolloutWriter
+from shmpad.ringbuf import WeightStore
+
+__all__ = ["BatchedInference", "InferenceStatistics", "sample_actions"]
+
+
+@dataclass(frozen=True)
+class InferenceStatistics:
+    batches: int
+    env_steps: int
+    wait_seconds: float
+    inference_seconds: float
+    rollout_seconds: float
+    weights_version: int
+
+
+def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One action per row of ``logits`` [B, A], drawn from softmax(logits)."""
+    return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator).squeeze(-1)
+
+
+class BatchedInference:
+    """``model(obs [B, ...]) -> (logits [B, A], ...)`` driving ``pool``."""
+
+    def __init__(
+        self,
+        pool: EnvPool,
+        model: torch.nn.Module,
+        device: str | torch.device = "cpu",
+        rollouts: RolloutWriter | None = None,
+        weights: WeightStore | None = None,
+        seed: int = 0,
+    ):
+        if not pool.spec.discrete:
+            raise ValueError(f"BatchedInference samples discrete actions; {pool.spec.env_id!r} has {pool.spec.describe_actions()}")
+        self.pool = pool
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.rollouts = rollouts
+        self.weights = weights
+        self._version = 0
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._wait_ns = self._infer_ns = self._rollout_ns = 0
+        self._batches = self._steps = 0
+
+    def step(self, timeout: float | None = None) -> HalfBatch:
+        """Serve one half: recv, infer, send (and record). Returns the batch served
+        (its arrays are the slots, valid until the next ``step`` of the same half)."""
+        t0 = time.perf_counter_ns()
+        batch = self.pool.recv(timeout)
+        t1 = time.perf_counter_ns()
+        if self.weights is not None:
+            self._version = self.weights.pull(self.model, newer_than=self._version)
+        with torch.inference_mode():
+            obs = torch.from_numpy(batch.obs).to(self.device, non_blocking=True)  # [B/2, *obs_shape], no copy on CPU
+            logits = self.model(obs)[0]
+            actions = sample_actions(logits, self._generator).cpu().numpy()
+            logits = logits.float().cpu().numpy()
+        batch.action[:] = actions
+        t2 = time.perf_counter_ns()
+        if self.rollouts is not None:
+            self.rollouts.add(batch.half, _rows(batch, logits))
+        t3 = time.perf_counter_ns()
+        self.pool.send()
+        self._wait_ns += t1 - t0
+        self._infer_ns += t2 - t1
+        self._rollout_ns += t3 - t2
+        self._batches += 1
+        self._steps += len(batch.envs)
+        return batch
+
+    def statistics(self) -> InferenceStatistics:
+        return InferenceStatistics(
+            self._batches, self._steps, self._wait_ns / 1e9, self._infer_ns / 1e9, self._rollout_ns / 1e9, self._version
+        )
+
+
+def _rows(batch: HalfBatch, logits: np.ndarray) -> dict[str, Any]:
+    return {
+        "obs": batch.obs,
+        "action": batch.action,
+        "reward": batch.reward,
+        "done": batch.done,
+        "logits": logits,
+        "episode_return": batch.episode_return,
+        "episode_step": batch.episode_step,
+        "episode_end": batch.episode_end,
+    }
