@@ -43,6 +43,9 @@ class CourierHandle(Handle):
     def dereference(self) -> RpcClient:
         return RpcClient(self._node.address, name=self._node.display_name, **self._client_kwargs)
 
+    def release(self, dereferenced: RpcClient) -> None:
+        dereferenced.close()
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -106,7 +109,11 @@ class CourierNode(PyClassNode):
             self._ring = None
 
     def _run_instance(self) -> None:
-        instance = self._construct()
+        instance, made = self._construct()
+        with made:
+            self._serve(instance)
+
+    def _serve(self, instance: Any) -> None:
         server = RpcServer(instance, self.address, threads=self._threads)
         serving = threading.Thread(target=server.serve, name="shmpad-courier", daemon=True)
         serving.start()

@@ -70,7 +70,7 @@ class _SegmentNode(Node):
 
 class RingNode(_SegmentNode):
     """A shared-memory queue between nodes (shmpad's counterpart of a replay/queue
-    server). With ``spec`` (field name -> (shape, dtype)) it is a ``TypedRing`` of
+    server). With ``spec`` (field name -> (dtype, shape)) it is a ``TypedRing`` of
     fixed-shape slots, such as trajectories; without it a ring of byte messages of up
     to ``slot_size`` bytes. ``multi=True`` (the default) allows several producers and
     consumers; ``multi=False`` is the faster single-producer single-consumer ring.
@@ -85,7 +85,7 @@ class RingNode(_SegmentNode):
     ):
         super().__init__()
         if spec is None and slot_size is None:
-            raise ValueError("RingNode needs a spec (typed slots) or a slot_size (byte messages), got neither")
+            raise ValueError("RingNode needs a spec (typed slots: name -> (dtype, shape)) or a slot_size (byte messages), got neither")
         if spec is not None and slot_size is not None:
             raise ValueError("RingNode takes a spec (typed slots) or a slot_size (byte messages), not both")
         self._capacity = capacity

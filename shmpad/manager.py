@@ -8,8 +8,8 @@ traceback it died with), and one request pipe on which nodes ask for a stop, the
 signal handlers report Ctrl+C, and thread nodes report that they ended.
 
 Stopping closes the stop pipe (every node's watcher thread sees end-of-file and
-triggers its stop handlers), closes the rings of data and courier nodes (blocked
-callers wake with ``Closed``), waits the termination notice and then SIGKILLs
+triggers its stop handlers), a second later closes the rings of data and courier
+nodes (callers still blocked on them wake with ``Closed``), waits the termination notice and then SIGKILLs
 the process group of every node still alive. The first failure (an exception, a
 non-zero exit, a death by signal) that happens before a stop began is printed as
 ``Error in node 'label/i'`` with its traceback, stops the program, and is raised
@@ -42,6 +42,9 @@ _READ = 1 << 16
 # ends, node pipes and pidfds of every program this process launched): a forked
 # node closes them all, or a program's nodes would keep another's stop pipe open.
 _launcher_fds: set[int] = set()
+# How long after a stop begins the rings of data and courier nodes are closed (waking
+# whoever still blocks on them): time for stop handlers to send their last messages.
+CLOSE_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class WorkerManager:
         self._stopping = False
         self._interrupts = 0
         self._kill_at: float | None = None
+        self._close_at: float | None = None
         self._finished = False
         self._stop_r, self._stop_w = os.pipe()
         self._req_r, self._req_w = os.pipe()
@@ -339,8 +343,9 @@ class WorkerManager:
             if self._all_done():
                 return
             timeout_ms = -1
-            if self._kill_at is not None:
-                timeout_ms = max(0, int((self._kill_at - time.monotonic()) * 1000) + 1)
+            deadlines = [t for t in (self._kill_at, self._close_at) if t is not None]
+            if deadlines:
+                timeout_ms = max(0, int((min(deadlines) - time.monotonic()) * 1000) + 1)
             for fd, _ in self._poller.poll(timeout_ms):
                 if fd == self._req_r:
                     self._on_requests()
@@ -352,6 +357,8 @@ class WorkerManager:
                     self._reap(w)
                 else:
                     self._read(w, fd)
+            if self._close_at is not None and time.monotonic() >= self._close_at:
+                self._close_data_nodes()
             if self._kill_at is not None and time.monotonic() >= self._kill_at:
                 self._on_notice_expired()
 
@@ -474,13 +481,18 @@ class WorkerManager:
         _launcher_fds.discard(self._stop_w)
         os.close(self._stop_w)
         self._stop_w = -1
+        grace = CLOSE_GRACE_S if self._notice < 0 else min(CLOSE_GRACE_S, self._notice / 2)
+        self._close_at = time.monotonic() + grace
+        threading.Thread(target=self._stopper.trigger, name="shmpad-stop-handlers", daemon=True).start()
+        self._notify()
+
+    def _close_data_nodes(self) -> None:
+        self._close_at = None
         for node in self._nodes:
             try:
                 node.on_stop()
             except Exception:
                 traceback.print_exc()
-        threading.Thread(target=self._stopper.trigger, name="shmpad-stop-handlers", daemon=True).start()
-        self._notify()
 
     def _on_notice_expired(self) -> None:
         alive = [w for w in self._workers if not w.done]

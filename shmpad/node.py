@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-__all__ = ["Handle", "Node", "map_handles", "collect_handles"]
+__all__ = ["Handle", "Node", "Dereferenced", "map_handles", "collect_handles"]
 
 
 class Handle:
@@ -22,6 +22,9 @@ class Handle:
 
     def connect(self, node: "Node", label: str) -> None:
         """Called by the launcher for each node whose arguments hold this handle."""
+
+    def release(self, dereferenced: Any) -> None:
+        """Free what ``dereference`` made, once the node that got it has ended."""
 
 
 class Node:
@@ -96,5 +99,31 @@ def collect_handles(obj: Any) -> list[Handle]:
     return found
 
 
-def dereference(obj: Any) -> Any:
-    return map_handles(lambda h: h.dereference(), obj)
+class Dereferenced:
+    """``with Dereferenced(obj) as value:`` -- ``obj`` with its handles dereferenced;
+    what they made (RPC clients and their reply rings) is freed on exit."""
+
+    def __init__(self, obj: Any):
+        self._made: list[tuple[Handle, Any]] = []
+
+        def deref(h: Handle) -> Any:
+            value = h.dereference()
+            self._made.append((h, value))
+            return value
+
+        try:
+            self.value = map_handles(deref, obj)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        made, self._made = self._made, []
+        for handle, value in made:
+            handle.release(value)
+
+    def __enter__(self) -> Any:
+        return self.value
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from shmpad.node import Handle, Node, collect_handles, dereference
+from shmpad.node import Dereferenced, Handle, Node, collect_handles
 
 __all__ = ["PyNode", "PyClassNode"]
 
@@ -41,8 +41,8 @@ class PyNode(Node):
         return self.run
 
     def run(self) -> Any:
-        args, kwargs = dereference((self._args, self._kwargs))
-        return self._function(*args, **kwargs)
+        with Dereferenced((self._args, self._kwargs)) as (args, kwargs):
+            return self._function(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({getattr(self._function, '__qualname__', self._function)!r})"
@@ -69,16 +69,23 @@ class PyClassNode(PyNode):
     def enable_run(self) -> None:
         self._should_run = True
 
-    def _construct(self) -> Any:
-        args, kwargs = dereference((self._ctor_args, self._ctor_kwargs))
-        return self._constructor(*args, **kwargs)
+    def _construct(self) -> tuple[Any, Dereferenced]:
+        """The instance, and what its handles made (to close when the node ends)."""
+        made = Dereferenced((self._ctor_args, self._ctor_kwargs))
+        args, kwargs = made.value
+        try:
+            return self._constructor(*args, **kwargs), made
+        except BaseException:
+            made.close()
+            raise
 
     def _run_instance(self) -> None:
-        instance = self._construct()
-        if self._should_run and hasattr(instance, "run"):
-            instance.run()
-        else:
-            log.info("%s: run() not defined on the instance (or disable_run() was called); the node ends", self)
+        instance, made = self._construct()
+        with made:
+            if self._should_run and hasattr(instance, "run"):
+                instance.run()
+            else:
+                log.info("%s: run() not defined on the instance (or disable_run() was called); the node ends", self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({getattr(self._constructor, '__qualname__', self._constructor)!r})"

@@ -1,0 +1,344 @@
+"""The shared-memory RPC under CourierNode: calls, futures, errors with the remote
+type and traceback, deadlines, calls before the server exists, concurrency, large
+messages, a dead or closed server, and no leaked segments."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from shmpad import Closed, Timeout
+from shmpad.rpc import RemoteError, RemoteTraceback, RpcClient, RpcServer, create_request_ring
+
+from helpers import FORK, kill_pid, track_pid, wait_until
+
+
+class CustomError(Exception):
+    pass
+
+
+class Unpicklable(Exception):
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+class Service:
+    def __init__(self):
+        self.gate = threading.Event()
+        self.calls = 0
+
+    def ping(self):
+        return "pong"
+
+    def __call__(self, x=1):
+        return ("called", x)
+
+    def add(self, a, b=0, *, c=0):
+        return a + b + c
+
+    def echo(self, x):
+        return x
+
+    def fail(self, msg):
+        raise CustomError(msg)
+
+    def fail_unpicklable(self):
+        raise Unpicklable("cannot travel")
+
+    def unpicklable_result(self):
+        return threading.Lock()
+
+    def sleep(self, s):
+        time.sleep(s)
+        return s
+
+    def wait_gate(self):
+        return self.gate.wait(30)
+
+    def open_gate(self):
+        self.gate.set()
+        return True
+
+    def pid(self):
+        return os.getpid()
+
+    def _private(self):
+        return "secret"
+
+    attribute = 5
+
+
+@pytest.fixture
+def server():
+    """A server in a thread of this process (the transport is the same as across processes)."""
+    srv = RpcServer(Service())
+    t = srv.start()
+    yield srv
+    srv.close()
+    t.join(10)
+    assert not t.is_alive()
+
+
+@pytest.fixture
+def client(server):
+    c = RpcClient(server.address)
+    yield c
+    c.close()
+
+
+def _serve_forked(address: str) -> None:
+    RpcServer(Service(), address).serve()
+
+
+@pytest.fixture
+def remote(shm_leak_check):
+    """A server in a forked process; the test process is the client."""
+    ring = create_request_ring()
+    proc = FORK.Process(target=_serve_forked, args=(ring.name,), daemon=True)
+    proc.start()
+    track_pid(proc.pid)
+    client = RpcClient(ring.name)
+    yield client, proc, ring
+    client.close()
+    ring.close()
+    proc.join(10)
+    if proc.is_alive():
+        kill_pid(proc.pid)
+        proc.join(10)
+        pytest.fail("server process did not end when its request ring was closed")
+
+
+def test_sync_calls(client):
+    assert client.ping() == "pong"
+    assert client() == ("called", 1)
+    assert client(x=3) == ("called", 3)
+    assert client.add(1, 2) == 3
+    assert client.add(1, b=2, c=4) == 7
+    assert client.call("add", (5,), {"c": 1}) == 6
+    assert client.echo(b"\x00" * 10) == b"\x00" * 10
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(client.echo(arr), arr)
+
+
+def test_futures(client):
+    futs = [client.futures.add(i, i) for i in range(100)]
+    assert [f.result(10) for f in futs] == [2 * i for i in range(100)]
+    assert client.futures().result(10) == ("called", 1)
+    assert client.futures.ping().result(10) == "pong"
+
+
+def test_remote_exception_has_type_message_and_traceback(client):
+    with pytest.raises(CustomError, match="^bad input 7$") as info:
+        client.fail("bad input 7")
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "in fail" in cause.tb and "raise CustomError(msg)" in cause.tb
+    fut = client.futures.fail("async bad")
+    with pytest.raises(CustomError, match="async bad"):
+        fut.result(10)
+
+
+def test_exceptions_and_results_that_cannot_travel(client):
+    with pytest.raises(RemoteError, match="test_rpc.Unpicklable: cannot travel") as info:
+        client.fail_unpicklable()
+    assert "fail_unpicklable" in info.value.__cause__.tb
+    with pytest.raises(RemoteError, match="could not pickle the result of the call"):
+        client.unpicklable_result()
+    assert client.ping() == "pong"  # the server is fine afterwards
+
+
+def test_only_public_methods_are_served(client):
+    with pytest.raises(AttributeError, match="'Service' object has no public method 'missing'"):
+        client.missing()
+    with pytest.raises(AttributeError, match="only names not starting with '_' and __call__ can be called"):
+        client.call("_private")
+    with pytest.raises(AttributeError, match="no public method 'attribute'"):
+        client.attribute()
+    with pytest.raises(AttributeError):
+        client._private  # noqa: B018 - private names are not even turned into stubs
+
+
+def test_unpicklable_arguments_fall_back_to_cloudpickle(client):
+    assert client.echo(lambda: 3)() == 3
+
+
+def test_large_messages_travel_through_spill_segments(shm_leak_check, client):
+    big = np.random.default_rng(0).integers(0, 255, size=3_000_000, dtype=np.uint8)
+    np.testing.assert_array_equal(client.echo(big), big)
+    assert client.futures.echo(big.tobytes()).result(30) == big.tobytes()
+
+
+def test_call_timeout_sync_and_futures(server):
+    c = RpcClient(server.address, call_timeout=0.2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Timeout, match=r"call to 'sleep' on .* did not complete within call_timeout=0.2 s"):
+            c.sleep(1.0)
+        assert time.monotonic() - t0 < 0.9
+        with pytest.raises(TimeoutError):  # Timeout is also the builtin TimeoutError
+            c.futures.sleep(1.0).result(10)
+        # the late reply of the timed-out call must not answer the next one
+        time.sleep(1.0)
+        assert c.add(2, 2) == 4
+        assert c.ping() == "pong"
+    finally:
+        c.close()
+
+
+def test_bad_client_arguments():
+    with pytest.raises(TypeError, match="address must be a str, got int"):
+        RpcClient(3)
+    with pytest.raises(ValueError, match="call_timeout must be > 0 or None, got 0"):
+        RpcClient("/x", call_timeout=0)
+    with pytest.raises(TypeError, match="call_timeout must be a number or None, got str"):
+        RpcClient("/x", call_timeout="1")
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        RpcServer(Service(), threads=0)
+
+
+def test_call_before_the_server_exists_waits_for_it():
+    ring = create_request_ring()
+    client = RpcClient(ring.name)
+    fut = client.futures.add(500, 500)
+    results = []
+    caller = threading.Thread(target=lambda: results.append(client.ping()))
+    caller.start()
+    time.sleep(0.3)
+    assert not fut.done() and results == []
+    server = RpcServer(Service(), ring.name)
+    t = server.start()
+    try:
+        assert fut.result(10) == 1000
+        caller.join(10)
+        assert results == ["pong"]
+    finally:
+        client.close()
+        server.close()
+        ring.close()
+        t.join(10)
+
+
+def test_call_before_the_ring_exists_times_out_with_call_timeout():
+    c = RpcClient("/shmpad.0.does-not-exist", call_timeout=0.2)
+    with pytest.raises(Timeout, match="call_timeout=0.2"):
+        c.ping()
+
+
+def test_handlers_run_concurrently(client):
+    """A handler that blocks does not stop the server from serving others: one call
+    waits on a gate that only another call can open."""
+    waiting = client.futures.wait_gate()
+    time.sleep(0.05)
+    assert client.open_gate() is True
+    assert waiting.result(10) is True
+
+
+def test_many_threads_share_one_client(client):
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(200):
+                assert client.add(k, i) == k + i
+            assert [f.result(10) for f in [client.futures.add(k, i) for i in range(50)]] == [k + i for i in range(50)]
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+
+
+def test_server_thread_pool_is_bounded():
+    srv = RpcServer(Service(), threads=2)
+    t = srv.start()
+    c = RpcClient(srv.address)
+    try:
+        futs = [c.futures.sleep(0.3) for _ in range(4)]
+        t0 = time.monotonic()
+        assert [f.result(10) for f in futs] == [0.3] * 4
+        # two at a time: at least two rounds
+        assert time.monotonic() - t0 >= 0.55
+        assert len(srv._workers) + 1 <= 2
+    finally:
+        c.close()
+        srv.close()
+        t.join(10)
+
+
+def test_across_processes(remote):
+    client, proc, _ = remote
+    assert client.pid() == proc.pid
+    assert client.add(1, 2) == 3
+    assert [f.result(10) for f in [client.futures.add(i, 1) for i in range(64)]] == list(range(1, 65))
+    with pytest.raises(CustomError, match="remote"):
+        client.fail("remote")
+
+
+def test_closed_server_fails_calls_instead_of_hanging(remote):
+    client, proc, ring = remote
+    assert client.ping() == "pong"
+    ring.close()
+    proc.join(10)
+    assert not proc.is_alive()
+    with pytest.raises(Closed, match="is stopped: cannot call 'ping'"):
+        client.ping()
+    with pytest.raises(Closed):
+        client.futures.ping().result(10)
+
+
+def test_server_closed_during_a_call(remote):
+    client, proc, ring = remote
+    fut = client.futures.sleep(0.5)
+    time.sleep(0.1)
+    ring.close()  # the server finishes the call it took
+    assert fut.result(10) == 0.5
+
+
+def test_server_killed_during_a_call_with_timeout(remote):
+    client, proc, ring = remote
+    client.call_timeout = 1.0
+    fut = client.futures.sleep(30)
+    wait_until(lambda: ring.statistics().gets >= 1, 10)
+    kill_pid(proc.pid)
+    proc.join(10)
+    with pytest.raises(Timeout):
+        fut.result(10)
+
+
+def test_forked_child_gets_its_own_client_state(server):
+    """A client used before fork works in the child without touching the parent's rings."""
+    c = RpcClient(server.address)
+    try:
+        assert c.ping() == "pong"
+        assert c.futures.ping().result(10) == "pong"
+
+        def child(q):
+            q.put((c.add(20, 22), c.futures.add(1, 1).result(10)))
+            c.close()
+
+        q = FORK.Queue()
+        p = FORK.Process(target=child, args=(q,))
+        p.start()
+        track_pid(p.pid)
+        assert q.get(timeout=30) == (42, 2)
+        p.join(10)
+        assert c.ping() == "pong"
+    finally:
+        c.close()
+
+
+def test_client_close_frees_reply_rings(shm_leak_check, server):
+    c = RpcClient(server.address)
+    c.ping()
+    c.futures.ping().result(10)
+    c.close()
+    c.close()
