@@ -66,9 +66,9 @@ class BatchedInference:
         self._wait_ns = self._infer_ns = self._rollout_ns = 0
         self._batches = self._steps = 0
 
-    def step(self, timeout: float | None = None) -> HalfBatch:
-        """Serve one half: recv, infer, send (and record). Returns the batch served
-        (its arrays are the slots, valid until the next ``step`` of the same half)."""
+    def step(self, timeout: float | None = None) -> int:
+        """Serve one half: recv, infer, send (and record). Returns the half served.
+        (Its slots belong to the workers again once this returns.)"""
         t0 = time.perf_counter_ns()
         batch = self.pool.recv(timeout)
         t1 = time.perf_counter_ns()
@@ -90,7 +90,7 @@ class BatchedInference:
         self._rollout_ns += t3 - t2
         self._batches += 1
         self._steps += len(batch.envs)
-        return batch
+        return batch.half
 
     def statistics(self) -> InferenceStatistics:
         return InferenceStatistics(

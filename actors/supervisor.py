@@ -82,14 +82,18 @@ class WorkerProcess:
                 pass
             self.wait(30.0)
 
-    def dump_stack(self, timeout: float = 1.0) -> None:
-        """Ask a live worker for the Python stack of its threads (into its report)."""
+    def dump_stack(self, timeout: float = 2.0, quiet: float = 0.2) -> None:
+        """Ask a live worker for the Python stack of its threads (into its report):
+        read until it has written nothing for ``quiet`` s, at most ``timeout`` s."""
         if self.status is None:
             try:
                 os.kill(self.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 return
-            self._drain(timeout)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if not self._drain(min(quiet, max(0.0, deadline - time.monotonic()))):
+                    return
 
     def report(self) -> str:
         """What the worker wrote to its report pipe so far."""
@@ -101,20 +105,24 @@ class WorkerProcess:
             os.close(self._report_fd)
             self._report_fd = -1
 
-    def _drain(self, wait: float = 0.0) -> None:
-        """Read what is in the pipe, waiting at most ``wait`` s for the first bytes."""
+    def _drain(self, wait: float = 0.0) -> bool:
+        """Read what is in the pipe, waiting at most ``wait`` s for the first bytes;
+        True if there were any."""
         if self._report_fd < 0:
-            return
+            return False
         ready, _, _ = select.select([self._report_fd], [], [], wait)
+        got = False
         while ready:
             try:
                 chunk = os.read(self._report_fd, 1 << 16)
             except BlockingIOError:
-                return
+                break
             if not chunk:
-                return
+                break
+            got = True
             if len(self._report) < _REPORT_LIMIT:
                 self._report += chunk[: _REPORT_LIMIT - len(self._report)]
+        return got
 
 
 def fork_worker(index: int, generation: int, target: Callable[[int], None]) -> WorkerProcess:

@@ -56,12 +56,21 @@ class StallingCartPole(CartPoleEnv):
 
     def step(self, action):
         self._n += 1
-        if self._n == self._at and self._marker and not os.path.exists(self._marker):
+        if self._n == self._at and self._marker and self._first_to_stall():
             with open(self._marker + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
-            os.rename(self._marker + ".tmp", self._marker)
+            os.rename(self._marker + ".tmp", self._marker)  # the marker appears with the pid in it
             time.sleep(self._seconds)
         return super().step(action)
+
+
+    def _first_to_stall(self) -> bool:
+        """True for exactly one environment, whichever process it is in."""
+        try:
+            os.close(os.open(self._marker + ".lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
 
 
 for _name, _cls in [("Raising", RaisingCartPole), ("WrongObs", WrongObsCartPole), ("Stalling", StallingCartPole)]:

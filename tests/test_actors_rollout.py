@@ -1,0 +1,95 @@
+"""Unrolls into [T+1] trajectory slots: batched inference over a pool, and local-policy actors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from actors import EnvConfig, EnvPool
+from actors.inference import BatchedInference
+from actors.local import LocalPolicyActors
+from actors.model import ImpalaNet
+from actors.rollout import RolloutWriter, trajectory_spec
+from shmpad.ringbuf import TypedRing, WeightStore
+from test_actors_pool import ReferencePool
+
+
+class TinyPolicy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+    def forward(self, obs):
+        return self.net(obs.float()), None
+
+
+def test_inference_unrolls_replay_in_a_single_process_run(shm_leak_check):
+    T = 4
+    config = EnvConfig("CartPole-v1")
+    with EnvPool(config, 2, 2, seed=5) as pool:
+        ring = TypedRing.create(trajectory_spec(pool.spec, T), capacity=16)
+        try:
+            inference = BatchedInference(pool, TinyPolicy(), rollouts=RolloutWriter(ring, 2, pool.half_size, timeout=10))
+            for _ in range(2 * (2 * T + 1)):  # two unrolls for each half
+                inference.step(timeout=30)
+            first = {k: v.copy() for k, v in ring.get_batch(4, timeout=10).items()}  # environments 0..3
+            ring.release()
+            second = {k: v.copy() for k, v in ring.get_batch(4, timeout=10).items()}
+            ring.release()
+        finally:
+            ring.close()
+    stats = inference.statistics()
+    assert stats.batches == 18 and stats.env_steps == 36
+    for f in first:
+        np.testing.assert_array_equal(second[f][:, 0], first[f][:, T])  # row T starts the next unroll
+    # Replaying the recorded actions in one process gives the recorded rows.
+    ref = ReferencePool(config, 4, seed=5)
+    rows = {f: np.concatenate([first[f], second[f][:, 1:]], axis=1) for f in first}  # [4, 2T+1, ...]
+    for t in range(2 * T + 1):
+        if t:
+            ref.step(range(4), rows["action"][:, t - 1])
+        np.testing.assert_array_equal(rows["obs"][:, t], ref.obs)
+        np.testing.assert_array_equal(rows["reward"][:, t], ref.reward)
+        np.testing.assert_array_equal(rows["done"][:, t], ref.done)
+        np.testing.assert_array_equal(rows["episode_step"][:, t], ref.len)
+    assert first["logits"].shape == (4, T + 1, 2) and np.isfinite(first["logits"]).all()
+
+
+def test_local_policy_actors_pull_weights_and_write_unrolls(shm_leak_check):
+    model = TinyPolicy()
+    store = WeightStore.create(model)
+    ring = TypedRing.create(trajectory_spec(EnvConfig("CartPole-v1").spec(), 3), capacity=8, multi=True)
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+            model.net[2].bias.copy_(torch.tensor([-50.0, 50.0]))  # always action 1
+        with LocalPolicyActors("CartPole-v1", TinyPolicy, store, ring, num_actors=2, envs_per_actor=2) as actors:
+            store.publish(model)
+            batch = ring.get_batch(4, timeout=30)
+            assert (batch["action"][:, :-1] == 1).all()
+            np.testing.assert_allclose(batch["logits"][:, 0], [[-50.0, 50.0]] * 4)
+            ring.release()
+            actors.check()
+    finally:
+        ring.close()
+        store.close()
+
+
+def test_local_actors_need_a_multi_producer_ring():
+    ring = TypedRing.create(trajectory_spec(EnvConfig("CartPole-v1").spec(), 3), capacity=4)
+    store = WeightStore.create(TinyPolicy())
+    try:
+        with pytest.raises(ValueError, match=r"must be multi-producer: TypedRing.create\(..., multi=True\)"):
+            LocalPolicyActors("CartPole-v1", TinyPolicy, store, ring, 1, 1)
+    finally:
+        ring.close()
+        store.close()
+
+
+def test_impala_net_shapes():
+    net = ImpalaNet(6)
+    logits, baseline = net(torch.zeros(3, 4, 84, 84, dtype=torch.uint8))
+    assert logits.shape == (3, 6) and baseline.shape == (3,)
+    assert 1.0e6 < sum(p.numel() for p in net.parameters()) < 1.2e6
