@@ -5,7 +5,8 @@ node thread) has a ``NodeContext``. Its ``StopController`` is the program's stop
 as seen from here: ``request()`` asks the launcher to stop the program (one byte
 down an inherited pipe) and ``trigger()`` is how the stop arrives (the launcher
 closes the stop pipe, a watcher thread sees end-of-file, or the thread launcher
-calls it directly). Stop handlers run once, in the thread that triggers.
+calls it directly). Stop handlers run once, in the thread that triggers, before
+the event is set.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class StopController:
     def __init__(self, request_fd: int | None = None, on_request: Callable[[], None] | None = None):
         self.event = threading.Event()
         self._handlers: list[Callable[[], None]] = []
+        self._triggered = False
         self._lock = threading.Lock()
         self._request_fd = request_fd
         self._on_request = on_request
@@ -41,22 +43,23 @@ class StopController:
                 self.trigger()  # the launcher is gone: stop ourselves
 
     def trigger(self) -> None:
-        """The stop has begun: set the event and run every handler once."""
+        """The stop has begun: run every handler once, then set the event (so that a
+        node that returns when it sees the event does not end before its handlers ran)."""
         with self._lock:
-            first = not self.event.is_set()
-            self.event.set()
+            if self._triggered:
+                return
+            self._triggered = True
             handlers, self._handlers = self._handlers, []
-        if not first and not handlers:
-            return
         for handler in handlers:
             try:
                 handler()
             except Exception:
                 traceback.print_exc()
+        self.event.set()
 
     def register(self, handler: Callable[[], None]) -> None:
         with self._lock:
-            if not self.event.is_set():
+            if not self._triggered:
                 self._handlers.append(handler)
                 return
         handler()  # registered after the stop began: it still runs, once

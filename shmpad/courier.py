@@ -13,6 +13,7 @@ from typing import Any, Callable
 from shmpad import context
 from shmpad.node import Handle
 from shmpad.python_node import PyClassNode
+from shmpad.ringbuf import MPMCRing
 from shmpad.rpc import RpcClient, RpcServer, create_request_ring
 
 __all__ = ["CourierNode", "CourierHandle", "CourierClient"]
@@ -101,9 +102,14 @@ class CourierNode(PyClassNode):
 
     def on_stop(self) -> None:
         if self._ring is not None:
-            self._ring.close()
+            # close for every process but keep the name: a client that attaches late
+            # gets Closed instead of waiting for a server that will not come
+            MPMCRing.attach(self._ring.name).close()
 
     def release(self) -> None:
+        self.free()
+
+    def free(self) -> None:
         if self._ring is not None:
             self._ring.close()
             self._ring = None

@@ -2,9 +2,11 @@
 (typed trajectories or byte messages) and a versioned weight store.
 
 They run no code of their own. The launcher creates their segment before any node
-starts, closes it when the program stops (so that blocked producers and consumers
-wake with ``Closed``) and removes it when the program ends; each node that gets
-the handle attaches the segment in its own process.
+starts, closes it shortly after the program starts stopping (so that blocked
+producers and consumers wake with ``Closed``; what is left can still be drained),
+and removes its name when the program has ended (after a SIGKILL of the launcher,
+the janitor does). Each node that gets the handle attaches the segment in its own
+process; the launching process can too, while the program runs.
 """
 
 from __future__ import annotations
@@ -54,12 +56,19 @@ class _SegmentNode(Node):
 
     def on_stop(self) -> None:
         if self._owner is not None:
-            self._owner.close()
+            self._close_shared()
 
     def release(self) -> None:
+        self.free()
+
+    def free(self) -> None:
         if self._owner is not None:
             self._owner.close()
             self._owner = None
+
+    def _close_shared(self) -> None:
+        """Close for every process, keeping the name (an attached handle's close)."""
+        self.attach().close()
 
     def _create(self) -> Any:
         raise NotImplementedError
@@ -124,6 +133,10 @@ class WeightStoreNode(_SegmentNode):
 
     def _create(self) -> Any:
         return WeightStore.create(self._template)
+
+    def _close_shared(self) -> None:
+        """A weight store blocks nobody for good (``wait_for_version`` takes a timeout):
+        it stays open until freed."""
 
     def attach(self) -> Any:
         return WeightStore.attach(self.segment_name)

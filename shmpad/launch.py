@@ -129,7 +129,7 @@ def launch(
                     handle.connect(node, label)
     except BaseException:
         for node in allocated:
-            node.release()
+            node.free()
         raise
     manager = WorkerManager(program.name, kind.value, processes, notice)
     manager.track(nodes)

@@ -124,7 +124,8 @@ class WorkerManager:
         self._workers.append(_Worker(label, index, node, resources))
 
     def track(self, nodes: Iterable[Node]) -> None:
-        """Nodes whose ``on_stop``/``release`` the manager calls (all of the program's)."""
+        """Nodes whose ``on_stop``/``release`` the manager calls (all of the program's),
+        and whose ``free`` runs when the manager is garbage or at exit."""
         self._nodes.extend(nodes)
 
     def start(self) -> None:
@@ -162,11 +163,13 @@ class WorkerManager:
                     return
                 if self._failure is None or not raise_error:
                     # (after a failure, wait for the stop to finish, then raise it)
-                    if all(w.done for w in mine):
+                    if all(_ended(w) for w in mine):
                         return
-                    if return_on_first_completed and any(w.done for w in mine):
+                    if return_on_first_completed and any(_ended(w) for w in mine):
                         return
-                self._cond.wait()
+                # a timed wait: the main thread runs Python signal handlers (Ctrl+C)
+                # only between waits
+                self._cond.wait(0.1)
 
     def stop(self) -> None:
         """Begin stopping the program (returns at once)."""
@@ -253,6 +256,9 @@ class WorkerManager:
         self._old_handlers.clear()
 
     def _supervise(self) -> None:
+        # Signals go to a thread that does not block them; Python runs handlers only in
+        # the main thread, and only when that thread wakes: keep them off this one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         poller = select.poll()
         self._poller = poller
         self._by_fd: dict[int, _Worker] = {}
@@ -363,7 +369,7 @@ class WorkerManager:
                 self._on_notice_expired()
 
     def _all_done(self) -> bool:
-        return all(w.done for w in self._workers)
+        return all(_ended(w) for w in self._workers)
 
     def _on_requests(self) -> None:
         try:
@@ -415,14 +421,8 @@ class WorkerManager:
         return True
 
     def _emit(self, w: _Worker, kind: str, lines: list[bytes]) -> None:
-        prefix = f"[{w.name}] "
-        text = "".join(prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
-        stream = sys.stdout if kind == "out" else sys.stderr
-        try:
-            stream.write(text)
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+        prefix = f"[{w.name}] ".encode()
+        _write_fd(1 if kind == "out" else 2, b"".join(prefix + line + b"\n" for line in lines))
 
     def _close_fd(self, w: _Worker, fd: int) -> None:
         rest = w.partial.pop(fd, b"")
@@ -553,14 +553,30 @@ class WorkerManager:
             self._cond.notify_all()
 
 
+def _ended(w: _Worker) -> bool:
+    """A node has ended once the supervisor has looked at how (a thread sets ``done``
+    itself; its failure is recorded a moment later)."""
+    return w.done and (w.thread is None or w.reported)
+
+
 def _child_stopping() -> bool:
     ctx = context.current_or_none()
     return ctx is not None and ctx.stopper.event.is_set()
 
 
+def _write_fd(fd: int, data: bytes) -> None:
+    """Whole lines straight to the descriptor: going through ``sys.stdout`` would put
+    them between the two writes of a ``print()`` in another thread of the launcher."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        view = view[n:]
+
+
 def _say(msg: str) -> None:
-    try:
-        sys.stderr.write(msg.rstrip("\n") + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    _write_fd(2, (msg.rstrip("\n") + "\n").encode("utf-8", "replace"))

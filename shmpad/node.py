@@ -61,6 +61,9 @@ class Node:
     def release(self) -> None:
         """The program has ended: free this node's resources."""
 
+    def free(self) -> None:
+        """Remove this node's resources (also when a launch fails half-way)."""
+
 
 def map_handles(fn: Callable[[Handle], Any], obj: Any) -> Any:
     """``obj`` with every handle ``h`` inside lists, tuples, namedtuples and dicts

@@ -16,9 +16,19 @@ import sys
 import traceback
 from typing import Callable
 
+import numba
+
 from shmpad.ringbuf import segment
 
 __all__ = ["fork", "die_with_parent"]
+
+# numba picks GNU OpenMP for parallel=True code when it can, and a child forked
+# after the parent ran such code gets no result: it prints "fork() called from a
+# process already using GNU OpenMP, this is unsafe" and stops. shmpad forks every
+# node, so unless the user chose a threading layer, it asks numba for one that
+# survives fork (tbb if installed, else numba's workqueue).
+if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+    numba.config.THREADING_LAYER = "forksafe"
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -69,6 +79,8 @@ def fork(
             os.setpgid(0, 0)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # the forking thread may block signals (the launcher's supervisor does): a node must not
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         for fd in close_fds:
             try:
                 os.close(fd)

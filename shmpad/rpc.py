@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any, Callable
 
 import cloudpickle
@@ -50,6 +51,9 @@ FUTURES_CAPACITY = 256
 # How often a blocked wait looks up from its ring: to notice stop, a closed
 # server, or a deadline.
 POLL_S = 0.1
+# How long a thread reading replies for futures keeps its turn before it looks
+# whether another should read.
+_PUMP_TURN_S = 0.002
 # How long a server keeps trying to hand a reply to a client that does not drain.
 REPLY_PUT_TIMEOUT_S = 10.0
 # After its server closed the request ring, how long a caller still waits for
@@ -395,6 +399,12 @@ class RpcClient:
         self._pending: dict[int, tuple[Future, float | None, str]] = {}
         self._reader: threading.Thread | None = None
         self._closed = False
+        self._closed_at: float | None = None
+        self._pump_lock = threading.Lock()
+        self._pump_cond = threading.Condition()
+        self._pumpers = 0
+        self._pump_idle = False
+        self._last_pump = 0.0
 
     def __getattr__(self, method: str) -> Callable:
         if method.startswith("_") and method != "__call__":
@@ -462,13 +472,16 @@ class RpcClient:
         """Like ``call``, but returns at once with a Future of the result."""
         if self._pid != os.getpid():
             self._forked()
-        fut: Future = Future()
+        fut = _PumpedFuture(self)
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         request = self._request or self._connect(deadline, method)
         ring = self._futures_ring or self._start_futures()
         call_id = next(self._ids)
         fut.set_running_or_notify_cancel()
         self._pending[call_id] = (fut, deadline, method)
+        if self._pump_idle:
+            with self._pump_cond:
+                self._pump_cond.notify()
         try:
             self._send(request, (call_id, ring.name, method, args, kwargs or {}), deadline, method)
         except BaseException as e:
@@ -484,6 +497,8 @@ class RpcClient:
         self._closed = True
         reader = self._reader
         if reader is not None:
+            with self._pump_cond:
+                self._pump_cond.notify_all()
             reader.join()
         for ring in self._all_rings:
             ring.close()
@@ -564,38 +579,87 @@ class RpcClient:
             if self._futures_ring is None:
                 ring = MPMCRing.create(FUTURES_CAPACITY, SLOT_SIZE, name=_ring_name("f"))
                 self._all_rings.append(ring)
-                self._reader = threading.Thread(target=self._read_futures, args=(ring,), name="shmpad-rpc-futures", daemon=True)
+                self._reader = threading.Thread(target=self._background_pump, args=(ring,), name="shmpad-rpc-futures", daemon=True)
                 self._futures_ring = ring
                 self._reader.start()
         return self._futures_ring
 
-    def _read_futures(self, ring: MPMCRing) -> None:
-        pending = self._pending
-        closed_at = None
+    # Replies to futures are read by whichever thread waits: a caller blocked in
+    # ``result()`` reads the futures ring itself (no thread hand-off on the way back),
+    # completing other callers' futures as it goes; the background thread reads only
+    # while futures are pending and no caller has read for a while (callbacks,
+    # ``concurrent.futures.wait``), and checks deadlines.
+
+    def _pump(self, fut: Future, timeout: float | None) -> None:
+        """Read replies until ``fut`` is done or ``timeout`` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._pump_cond:
+            self._pumpers += 1
+        try:
+            while not fut.done():
+                wait = _PUMP_TURN_S if deadline is None else min(_PUMP_TURN_S, deadline - time.monotonic())
+                if wait <= 0:
+                    return
+                if not self._pump_lock.acquire(timeout=wait):
+                    wait_futures([fut], timeout=wait)  # another thread reads: it completes ours
+                    continue
+                try:
+                    while not fut.done() and not self._closed:
+                        wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+                        if wait <= 0:
+                            return
+                        self._read_one(wait)
+                finally:
+                    self._pump_lock.release()
+                if self._closed:
+                    return
+        finally:
+            with self._pump_cond:
+                self._pumpers -= 1
+                self._last_pump = time.monotonic()
+
+    def _read_one(self, timeout: float) -> None:
+        """Complete the future of one reply, waiting up to ``timeout``."""
+        try:
+            data = self._futures_ring.get_bytes(timeout=timeout)
+        except Timeout:
+            self._expire()
+            request = self._request
+            if self._pending and request is not None and request.closed:
+                self._closed_at = self._closed_at or time.monotonic()
+                if time.monotonic() - self._closed_at > CLOSED_GRACE_S:
+                    self._fail_pending(lambda m: Closed(f"courier server {self._name!r} stopped before answering {m!r}"))
+            return
+        except Closed:
+            return
+        reply = _decode(data)
+        entry = self._pending.pop(reply[0], None)
+        if entry is None:
+            return  # expired already
+        fut = entry[0]
+        try:
+            Future.set_result(fut, _unpack(reply))
+        except BaseException as e:
+            Future.set_exception(fut, e)
+
+    def _background_pump(self, ring: MPMCRing) -> None:
+        cond = self._pump_cond
         while not self._closed:
-            try:
-                data = ring.get_bytes(timeout=POLL_S)
-            except Timeout:
-                self._expire()
-                request = self._request
-                if pending and request is not None and request.closed:
-                    closed_at = closed_at or time.monotonic()
-                    if time.monotonic() - closed_at > CLOSED_GRACE_S:
-                        self._fail_pending(lambda m: Closed(f"courier server {self._name!r} stopped before answering {m!r}"))
-                continue
-            except Closed:
-                return
-            reply = _decode(data)
-            entry = pending.pop(reply[0], None)
-            if entry is None:
-                continue  # expired already
-            fut = entry[0]
-            try:
-                fut.set_result(_unpack(reply))
-            except BaseException as e:
-                fut.set_exception(e)
-            if pending and entry[1] is not None:
-                self._expire()
+            with cond:
+                if not self._pending:
+                    self._pump_idle = True
+                    cond.wait(POLL_S)
+                    self._pump_idle = False
+                    continue
+                if self._pumpers or time.monotonic() - self._last_pump < _PUMP_TURN_S:
+                    cond.wait(_PUMP_TURN_S)
+                    self._expire()
+                    continue
+            if self._pump_lock.acquire(timeout=_PUMP_TURN_S):
+                try:
+                    self._read_one(_PUMP_TURN_S)
+                finally:
+                    self._pump_lock.release()
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -608,6 +672,25 @@ class RpcClient:
             entry = self._pending.pop(call_id, None)
             if entry is not None:
                 entry[0].set_exception(error(entry[2]))
+
+
+class _PumpedFuture(Future):
+    """A Future whose ``result()``/``exception()`` read the client's replies
+    themselves while they wait."""
+
+    def __init__(self, client: "RpcClient"):
+        super().__init__()
+        self._client = client
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            self._client._pump(self, timeout)
+        return super().result(timeout=0 if not self.done() else None)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done():
+            self._client._pump(self, timeout)
+        return super().exception(timeout=0 if not self.done() else None)
 
 
 _ring_ids = itertools.count()

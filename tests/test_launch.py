@@ -132,6 +132,7 @@ def test_first_failure_stops_the_program_and_is_raised(launch_type, capfd, shm_l
     else:
         with pytest.raises(ValueError, match="boom in a node"):  # the node's own exception
             manager.wait()
+    manager.stop_and_wait()
     err = capfd.readouterr().err
     assert "Error in node 'bad/0'" in err and "ValueError: boom in a node" in err
     assert manager.exit_codes()["waiter/0"] == 0
@@ -284,11 +285,12 @@ def test_local_resources_env_and_args():
     program = lp.Program("resources")
     results = program.add_node(lp.RingNode(4, slot_size=4096), "results")
     program.add_node(lp.PyNode(report_environment, results), "configured")
+    program.add_node(lp.PyNode(blocks_until_stop), "keeps_the_program_running")
     resources = {"configured": lp.PythonProcess(env={"SHMPAD_TEST_VAR": "42"}, args={"lr": 0.5, "debug": True, "cuda": False})}
     manager = lp.launch(program, launch_type="test_mp", local_resources=resources)
     try:
         env, argv = eval(results.dereference().get_bytes(timeout=30).decode())
-        manager.wait()
+        manager.wait(["configured"])
     finally:
         manager.stop_and_wait()
     assert env == "42"
@@ -314,15 +316,16 @@ def test_pyclassnode_run_and_disable_run(launch_type):
     silent = lp.PyClassNode(WithRun, results, b"b")
     silent.disable_run()
     program.add_node(silent, "silent")
+    program.add_node(lp.PyNode(blocks_until_stop), "keeps_the_program_running")
     manager = lp.launch(program, launch_type=launch_type)
     ring = results.dereference()
     try:
         got = sorted(ring.get_bytes(timeout=30) for _ in range(3))
-        manager.wait()
+        manager.wait(["runs", "silent"])
+        assert ring.statistics().size == 0
     finally:
         manager.stop_and_wait()
     assert got == [b"built a", b"built b", b"ran a"]
-    assert ring.statistics().size == 0
 
 
 class SlowToStart:
@@ -418,10 +421,11 @@ def test_weight_store_node():
     results = program.add_node(lp.RingNode(4, slot_size=4096), "results")
     program.add_node(lp.PyNode(learner, store), "learner")
     program.add_node(lp.PyNode(actor, store, results), "actor")
+    program.add_node(lp.PyNode(blocks_until_stop), "keeps_the_program_running")
     manager = lp.launch(program, launch_type="test_mp")
     try:
         got = eval(results.dereference().get_bytes(timeout=60).decode())
-        manager.wait()
+        manager.wait(["learner", "actor"])
     finally:
         manager.stop_and_wait()
     assert got[1:] == (3.0, -3.0) and got[0] >= 3

@@ -342,3 +342,38 @@ def test_client_close_frees_reply_rings(shm_leak_check, server):
     c.futures.ping().result(10)
     c.close()
     c.close()
+
+
+def test_futures_complete_without_anyone_calling_result(client):
+    """Callbacks and concurrent.futures.wait get their replies from the background reader."""
+    import concurrent.futures
+
+    done = threading.Event()
+    got = []
+    fut = client.futures.add(1, 1)
+    fut.add_done_callback(lambda f: (got.append(f.result()), done.set()))
+    assert done.wait(10) and got == [2]
+    futs = [client.futures.add(i, 0) for i in range(20)]
+    finished, pending = concurrent.futures.wait(futs, timeout=10)
+    assert not pending and sorted(f.result() for f in finished) == list(range(20))
+    as_completed = sorted(f.result() for f in concurrent.futures.as_completed([client.futures.add(i, 1) for i in range(5)], timeout=10))
+    assert as_completed == [1, 2, 3, 4, 5]
+
+
+def test_many_threads_waiting_on_futures_share_the_reading(client):
+    errors = []
+
+    def work(k):
+        try:
+            futs = [client.futures.add(k, i) for i in range(100)]
+            for i, f in enumerate(futs):
+                assert f.result(10) == k + i
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
