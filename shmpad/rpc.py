@@ -31,7 +31,8 @@ import pickle
 import threading
 import time
 import traceback
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable
 
@@ -402,7 +403,6 @@ class RpcClient:
         self._closed_at: float | None = None
         self._pump_lock = threading.Lock()
         self._pump_cond = threading.Condition()
-        self._pumpers = 0
         self._pump_idle = False
         self._last_pump = 0.0
 
@@ -477,7 +477,6 @@ class RpcClient:
         request = self._request or self._connect(deadline, method)
         ring = self._futures_ring or self._start_futures()
         call_id = next(self._ids)
-        fut.set_running_or_notify_cancel()
         self._pending[call_id] = (fut, deadline, method)
         if self._pump_idle:
             with self._pump_cond:
@@ -590,33 +589,33 @@ class RpcClient:
     # while futures are pending and no caller has read for a while (callbacks,
     # ``concurrent.futures.wait``), and checks deadlines.
 
-    def _pump(self, fut: Future, timeout: float | None) -> None:
+    def _pump(self, fut: "_PumpedFuture", timeout: float | None) -> None:
         """Read replies until ``fut`` is done or ``timeout`` passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._pump_cond:
-            self._pumpers += 1
-        try:
-            while not fut.done():
-                wait = _PUMP_TURN_S if deadline is None else min(_PUMP_TURN_S, deadline - time.monotonic())
+        lock = self._pump_lock
+        while not fut._finished():
+            self._last_pump = time.monotonic()
+            if not lock.acquire(False):
+                wait = _PUMP_TURN_S if deadline is None else min(_PUMP_TURN_S, deadline - self._last_pump)
                 if wait <= 0:
                     return
-                if not self._pump_lock.acquire(timeout=wait):
+                if not lock.acquire(timeout=wait):
                     wait_futures([fut], timeout=wait)  # another thread reads: it completes ours
                     continue
-                try:
-                    while not fut.done() and not self._closed:
-                        wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            try:
+                while not fut._finished() and not self._closed:
+                    if deadline is None:
+                        self._read_one(POLL_S)
+                    else:
+                        wait = min(POLL_S, deadline - time.monotonic())
                         if wait <= 0:
                             return
                         self._read_one(wait)
-                finally:
-                    self._pump_lock.release()
-                if self._closed:
-                    return
-        finally:
-            with self._pump_cond:
-                self._pumpers -= 1
+            finally:
+                lock.release()
                 self._last_pump = time.monotonic()
+            if self._closed:
+                return
 
     def _read_one(self, timeout: float) -> None:
         """Complete the future of one reply, waiting up to ``timeout``."""
@@ -638,61 +637,78 @@ class RpcClient:
             return  # expired already
         fut = entry[0]
         try:
-            Future.set_result(fut, _unpack(reply))
+            value = _unpack(reply)
         except BaseException as e:
-            Future.set_exception(fut, e)
+            _settle(fut, Future.set_exception, e)
+        else:
+            _settle(fut, Future.set_result, value)
 
     def _background_pump(self, ring: MPMCRing) -> None:
         cond = self._pump_cond
         while not self._closed:
-            with cond:
-                if not self._pending:
+            if not self._pending:
+                with cond:
                     self._pump_idle = True
-                    cond.wait(POLL_S)
+                    if not self._pending:
+                        cond.wait(POLL_S)
                     self._pump_idle = False
-                    continue
-                if self._pumpers or time.monotonic() - self._last_pump < _PUMP_TURN_S:
-                    cond.wait(_PUMP_TURN_S)
-                    self._expire()
-                    continue
-            if self._pump_lock.acquire(timeout=_PUMP_TURN_S):
-                try:
-                    self._read_one(_PUMP_TURN_S)
-                finally:
-                    self._pump_lock.release()
+                continue
+            self._expire()
+            # a caller waiting in result() reads (and just read): leave it the ring
+            if time.monotonic() - self._last_pump < _PUMP_TURN_S or not self._pump_lock.acquire(False):
+                time.sleep(_PUMP_TURN_S)
+                continue
+            try:
+                self._read_one(_PUMP_TURN_S)
+            finally:
+                self._pump_lock.release()
 
     def _expire(self) -> None:
         now = time.monotonic()
         for call_id, (fut, deadline, method) in list(self._pending.items()):
             if deadline is not None and now >= deadline and self._pending.pop(call_id, None) is not None:
-                fut.set_exception(self._timeout_error(method))
+                _settle(fut, Future.set_exception, self._timeout_error(method))
 
     def _fail_pending(self, error: Callable[[str], BaseException]) -> None:
         for call_id in list(self._pending):
             entry = self._pending.pop(call_id, None)
             if entry is not None:
-                entry[0].set_exception(error(entry[2]))
+                _settle(entry[0], Future.set_exception, error(entry[2]))
+
+
+def _settle(fut: Future, how: Callable[[Future, Any], None], value: Any) -> None:
+    try:
+        how(fut, value)
+    except InvalidStateError:
+        pass  # the caller cancelled it: the reply has nobody to go to
 
 
 class _PumpedFuture(Future):
     """A Future whose ``result()``/``exception()`` read the client's replies
-    themselves while they wait."""
+    themselves while they wait. It stays PENDING until answered, so ``cancel()``
+    works until then (the call still runs; its reply is dropped)."""
 
     def __init__(self, client: "RpcClient"):
         super().__init__()
         self._client = client
 
+    def _finished(self) -> bool:
+        # a read of one attribute, without the condition's lock: a hint the callers
+        # re-check through the Future API
+        return self._state in _DONE_STATES
+
     def result(self, timeout: float | None = None) -> Any:
-        if not self.done():
+        if not self._finished():
             self._client._pump(self, timeout)
-        return super().result(timeout=0 if not self.done() else None)
+        return super().result(timeout=0)  # raises TimeoutError if still not done
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self.done():
+        if not self._finished():
             self._client._pump(self, timeout)
-        return super().exception(timeout=0 if not self.done() else None)
+        return super().exception(timeout=0)
 
 
+_DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 _ring_ids = itertools.count()
 
 

@@ -377,3 +377,11 @@ def test_many_threads_waiting_on_futures_share_the_reading(client):
     for t in threads:
         t.join(60)
     assert not errors
+
+
+def test_cancelled_future_drops_its_reply(client):
+    fut = client.futures.sleep(0.2)
+    assert fut.cancel() and fut.cancelled()
+    assert client.futures.add(1, 2).result(10) == 3  # the reply of the cancelled call is dropped
+    time.sleep(0.3)
+    assert client.futures.add(2, 2).result(10) == 4

@@ -1,0 +1,608 @@
+"""Same-host RPC speed: shmpad's RpcServer/RpcClient side by side with the usual peers.
+
+    python -m bench.rpc                         # full run, ~40 s on 2 cores
+    python -m bench.rpc --quick                 # a few seconds: 1 round, 0.2 s per measurement
+    python -m bench.rpc --subjects shmpad,mp-pipe --rounds 7
+    python -m bench.rpc --json                  # one JSON object per subject and mode
+
+Method. One measurement = one subject in one mode, with a server process and a
+client process, both forked afresh (``fork`` context) from this one, which only
+waits. Everything shared is built here before the fork; the children meet at a start
+barrier, so start-up is not timed. The client makes untimed warm-up calls, then
+times calls for ``--seconds``: each call is ``echo(payload)`` with a 64-byte
+``bytes`` payload, and every reply is checked against the payload sent.
+
+Modes:
+
+- sync: one caller thread, one call at a time; a round trip is one call;
+- in-flight-N (``--in-flight``, 16 by default): the client keeps N calls
+  outstanding, each subject in its natural way (see its line in the output), and
+  submits a new call as each reply arrives; a round trip is from submitting a call
+  to taking its reply.
+
+Per measurement: median and p99 round trip, and calls/s = calls completed / time
+from the first submit to the last reply. Subjects (``bench/rpc_subjects.py``): the
+peers ``multiprocessing.Pipe``, pyzmq over ipc:// and portal (danijar/portal) over
+localhost TCP; ``floor``, a bare shared-memory flag ping-pong in numba; and
+``shmpad``, ``RpcServer(obj, threads=16)`` / ``RpcClient``.
+
+Machine speed drifts, so subjects are interleaved: each round measures every subject
+once per mode, in an order rotated every round, and the tables show medians over
+rounds. Ratios are medians of per-round ratios, so a slow round slows both sides of a
+ratio alike. Only ratios within one run count; an absolute time is never the headline.
+
+Every child dies with this process (PR_SET_PDEATHSIG) and at the latest after its
+deadline (SIGALRM); a measurement that does not finish in time, or whose child fails,
+is killed and reported as failed, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import fnmatch
+import functools
+import importlib.util
+import itertools
+import json
+import math
+import multiprocessing.connection
+import os
+import signal
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import NamedTuple
+
+import numpy as np
+
+from bench.rpc_subjects import (
+    FLOOR,
+    FORK,
+    PEERS,
+    SERVER_THREADS,
+    Caller,
+    Echo,
+    FutureWindow,
+    Plan,
+    Subject,
+    payloads,
+    warm_up_floor,
+)
+
+# A child waits this long at the start barrier; a measurement may take this long on
+# top of its warm-up and timed phase (the first shmpad call may compile kernels).
+START_TIMEOUT_S = 15.0
+SLACK_S = 60.0
+# After the client is done, the server has this long to end once asked.
+STOP_TIMEOUT_S = 10.0
+
+TARGET_MEDIAN_US = 8.0
+TARGET_RATIO = 2.5
+
+
+@dataclass
+class Args:
+    rounds: int = 5
+    """every subject is measured once per mode and round; tables show medians over rounds"""
+    seconds: float = 0.5
+    """timed phase of each measurement"""
+    warmup: float = 0.1
+    """untimed calls before it, in seconds from the first reply"""
+    in_flight: int = 16
+    """calls in flight in the concurrent mode"""
+    subjects: str = "*"
+    """subjects to measure: comma-separated names or globs, or a family (shmpad, peer, floor)"""
+    json: bool = False
+    """print one JSON object per subject and mode and line instead of tables"""
+    quick: bool = False
+    """a run under 30 s: 1 round, 0.2 s per measurement (overrides --rounds, --seconds, --warmup)"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = argparse.ArgumentParser(prog="python -m bench.rpc", description=__doc__.split("\n\n")[0])
+    docs = _field_docs(Args)
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", help=docs[f.name])
+        else:
+            kind = {"int": int, "float": float}.get(f.type, str)
+            parser.add_argument(flag, type=kind, default=f.default, help=f"{docs[f.name]} (default: {f.default})")
+    args = Args(**vars(parser.parse_args(argv)))
+    if args.quick:
+        args.rounds, args.seconds, args.warmup = 1, 0.2, 0.05
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if not 2 <= args.in_flight <= 64:
+        parser.error(f"--in-flight must be between 2 and 64, got {args.in_flight}")
+    return args
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """The docstring under each dataclass field (read from the source)."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for stmt, nxt in itertools.pairwise(body):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[stmt.target.id] = nxt.value.value
+    return docs
+
+
+# ---------------------------------------------------------------------------------------
+# The shmpad subject. shmpad.rpc is imported lazily so that the peers run without it.
+
+
+class _ShmpadCaller(FutureWindow):
+    def __init__(self, client):
+        # What ``client.echo`` and ``client.futures.echo`` give, looked up once (as for every subject).
+        super().__init__(client.futures.echo)
+        self.call = client.echo
+        self._client = client
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class Shmpad(Subject):
+    name = "shmpad"
+    family = "shmpad"
+    how = (
+        f"RpcServer(obj, threads={SERVER_THREADS}) / RpcClient, client.echo(payload); "
+        "in flight: client.futures.echo(payload), awaited oldest first"
+    )
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan)
+        from shmpad.rpc import RpcServer
+
+        self._server = RpcServer(Echo(), threads=SERVER_THREADS)
+        self.address = self._server.address
+        self._closed = False
+
+    def serve(self) -> None:
+        self._server.serve()
+
+    def connect(self) -> Caller:
+        from shmpad.rpc import RpcClient
+
+        return _ShmpadCaller(RpcClient(self.address, call_timeout=None))
+
+    def stop(self) -> None:
+        # Closing the queue in the parent ends the child's serve().
+        if not self._closed:
+            self._closed = True
+            self._server.close()
+
+    def close(self) -> None:
+        self.stop()
+
+
+SHMPAD: list[type[Subject]] = [Shmpad]
+SUBJECTS: list[type[Subject]] = SHMPAD + PEERS + FLOOR
+
+
+# ---------------------------------------------------------------------------------------
+# The client's timing loops (run in the client process)
+
+
+class Sample(NamedTuple):
+    """One measurement, as the client saw it."""
+
+    median_us: float
+    p99_us: float
+    calls_per_s: float
+    calls: int
+
+
+class WrongReply(Exception):
+    pass
+
+
+def _summary(latencies_ns: list[int], elapsed_ns: int) -> Sample:
+    lat = np.asarray(latencies_ns, dtype=np.int64)
+    median, p99 = np.percentile(lat, [50, 99]) / 1e3
+    return Sample(float(median), float(p99), len(lat) / (elapsed_ns / 1e9), len(lat))
+
+
+def time_sync(caller: Caller, plan: Plan) -> Sample:
+    msgs = payloads()
+    mask = len(msgs) - 1
+    call, clock = caller.call, perf_counter_ns
+
+    def run(ended: Ended, latencies: list[int]) -> int:
+        append = latencies.append
+        i = 0
+        start = t1 = clock()
+        while not ended(i, t1):
+            p = msgs[i & mask]
+            t0 = clock()
+            r = call(p)
+            t1 = clock()
+            if r != p:
+                raise WrongReply(f"call {i}: sent {p[:8].hex()}..., got {bytes(r)[:8].hex()}...")
+            append(t1 - t0)
+            i += 1
+        return t1 - start
+
+    return _timed(run, plan)
+
+
+def time_in_flight(caller: Caller, plan: Plan) -> Sample:
+    msgs = payloads()
+    mask = len(msgs) - 1
+    submit, next_reply, clock = caller.submit, caller.next_reply, perf_counter_ns
+
+    def run(ended: Ended, latencies: list[int]) -> int:
+        append = latencies.append
+        outstanding: dict[bytes, int] = {}  # payload -> submit time; the payload names the call
+        start = clock()
+        for i in range(plan.depth):
+            p = msgs[i & mask]
+            outstanding[p] = clock()
+            submit(p)
+        i = plan.depth
+        done = 0
+        t = start
+        while outstanding:
+            r = next_reply()
+            t = clock()
+            t0 = outstanding.pop(bytes(r), None)
+            if t0 is None:
+                raise WrongReply(f"reply {done}: {bytes(r)[:8].hex()}... answers no call in flight")
+            append(t - t0)
+            done += 1
+            if not ended(i, t):
+                p = msgs[i & mask]
+                i += 1
+                outstanding[p] = clock()
+                submit(p)
+        return t - start
+
+    return _timed(run, plan)
+
+
+# ended(calls submitted so far, perf_counter_ns()) -> submit no more
+Ended = Callable[[int, int], bool]
+
+
+def _timed(run: Callable[[Ended, list[int]], int], plan: Plan) -> Sample:
+    """Warm up, then time: ``run(ended, latencies)`` makes calls until ``ended`` says
+    so, appends each one's round trip in ns and returns the time from the first
+    submit to the last reply."""
+    least, seconds = (5, 0.0) if plan.calls else (20, plan.warmup_seconds)
+    run(lambda n, now: n >= 1, [])  # the first call may wait for the server and compile
+    start = perf_counter_ns()
+    run(lambda n, now: n >= least and now - start >= seconds * 1e9, [])
+    latencies: list[int] = []
+    start = perf_counter_ns()
+    if plan.calls:
+        elapsed = run(lambda n, now: n >= plan.calls, latencies)
+    else:
+        elapsed = run(lambda n, now: now - start >= plan.seconds * 1e9, latencies)
+    return _summary(latencies, elapsed)
+
+
+def run_client(subject: Subject, plan: Plan) -> Sample:
+    caller = subject.connect()
+    try:
+        return time_sync(caller, plan) if plan.depth == 1 else time_in_flight(caller, plan)
+    finally:
+        caller.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Running one measurement
+
+
+class MeasurementFailed(Exception):
+    pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child(label: str, lifetime: float, prepare, work, barrier, report) -> None:
+    """Body of both forked children: prepare, meet at the barrier, work, report; name any failure.
+
+    The child dies with its parent (PR_SET_PDEATHSIG) and at the latest after
+    ``lifetime`` seconds (SIGALRM), so nothing outlives a killed or stuck run."""
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+    signal.alarm(math.ceil(lifetime))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle: it kills us
+    try:
+        prepare()
+        barrier.wait(START_TIMEOUT_S)
+        result = work()
+        if report is not None:
+            report(result)
+    except BaseException:
+        sys.stderr.write(f"Error in '{label}':\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def measure(subject_type: type[Subject], plan: Plan) -> Sample:
+    """Run one measurement in a fresh server and client process; what the client measured."""
+    what = f"{subject_type.name} {plan.mode}"
+    try:
+        subject = subject_type(plan)
+    except Exception as e:
+        raise MeasurementFailed(f"{what}: setting up failed: {e!r}") from e
+    barrier = FORK.Barrier(2)
+    results, results_in = FORK.Pipe(duplex=False)
+    timed = plan.warmup_seconds + (plan.seconds if not plan.calls else 0)
+    budget = START_TIMEOUT_S + timed + SLACK_S
+    server = FORK.Process(
+        target=_child,
+        args=(f"{what}/server", budget + STOP_TIMEOUT_S + 5, subject.prepare_server, subject.serve, barrier, None),
+        daemon=True,
+    )
+    client = FORK.Process(
+        target=_child,
+        args=(f"{what}/client", budget + 5, _nothing, functools.partial(run_client, subject, plan), barrier, results_in.send),
+        daemon=True,
+    )
+    started: list = []
+    try:
+        for p in (server, client):
+            p.start()
+            started.append(p)
+        deadline = time.monotonic() + budget
+        while client.exitcode is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MeasurementFailed(f"{what}: timed out after {budget:.0f} s, the client was still calling")
+            ready = multiprocessing.connection.wait([client.sentinel, server.sentinel], timeout=left)
+            if client.sentinel in ready:
+                client.join()
+            elif server.sentinel in ready:
+                # A server that ends on the client's goodbye may end before the client does.
+                server.join()
+                client.join(STOP_TIMEOUT_S if server.exitcode == 0 else 0)
+                if client.exitcode is None:
+                    raise MeasurementFailed(f"{what}: the server exited with code {server.exitcode} while the client was calling")
+        if client.exitcode != 0:
+            raise MeasurementFailed(f"{what}: the client exited with code {client.exitcode}")
+        if not results.poll():
+            raise MeasurementFailed(f"{what}: the client reported nothing")
+        sample: Sample = results.recv()
+        subject.stop()
+        server.join(STOP_TIMEOUT_S)
+        if server.exitcode is None:
+            raise MeasurementFailed(f"{what}: the server did not end within {STOP_TIMEOUT_S:g} s of being asked to")
+        if server.exitcode != 0:
+            raise MeasurementFailed(f"{what}: the server exited with code {server.exitcode}")
+        return sample
+    finally:
+        for p in started:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        results.close()
+        results_in.close()
+        subject.close()
+
+
+def _nothing() -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------
+# Reporting
+
+
+def select(patterns_text: str) -> list[type[Subject]]:
+    patterns = [p.strip() for p in patterns_text.split(",") if p.strip()]
+    chosen = [s for s in SUBJECTS if any(p == s.family or fnmatch.fnmatchcase(s.name, p) for p in patterns)]
+    if not chosen:
+        names = ", ".join(s.name for s in SUBJECTS)
+        raise SystemExit(f"--subjects {patterns_text!r} matches none of: {names} (or a family: shmpad, peer, floor)")
+    return chosen
+
+
+def available(subjects: list[type[Subject]]) -> tuple[list[type[Subject]], list[str]]:
+    """Subjects whose imports work here, and a note for each one left out."""
+    ok, notes = [], []
+    for s in subjects:
+        if s.name == "portal" and importlib.util.find_spec("portal") is None:
+            notes.append("portal: skipped, not installed (pip install portal)")
+            continue
+        if s.name == "zmq-ipc" and importlib.util.find_spec("zmq") is None:
+            notes.append("zmq-ipc: skipped, pyzmq is not installed")
+            continue
+        if s.family == "shmpad":
+            try:
+                import shmpad.rpc  # noqa: F401
+            except Exception as e:  # missing, or broken mid-edit
+                notes.append(f"shmpad: skipped, shmpad.rpc does not import: {e!r}")
+                continue
+        ok.append(s)
+    return ok, notes
+
+
+class Results:
+    """Per-round samples of every (subject, mode)."""
+
+    def __init__(self):
+        self.samples: dict[tuple[str, str], list[Sample | None]] = {}
+
+    def add(self, name: str, mode: str, sample: Sample | None) -> None:
+        self.samples.setdefault((name, mode), []).append(sample)
+
+    def median(self, name: str, mode: str, field: str) -> float | None:
+        vals = [getattr(s, field) for s in self.samples.get((name, mode), []) if s is not None]
+        return statistics.median(vals) if vals else None
+
+    def ratio(self, top: str, bottom: str | list[str], mode: str, field: str = "calls_per_s") -> float | None:
+        """Median over rounds of top / bottom; a list means its best (highest) in that round."""
+
+        def per_round(names: list[str]) -> list[float | None]:
+            rows = [self.samples.get((n, mode), []) for n in names]
+            best = []
+            for i in range(max((len(r) for r in rows), default=0)):
+                vals = [getattr(r[i], field) for r in rows if i < len(r) and r[i] is not None]
+                best.append(max(vals) if vals else None)
+            return best
+
+        a = per_round([top])
+        b = per_round([bottom] if isinstance(bottom, str) else bottom)
+        ratios = [x / y for x, y in zip(a, b) if x is not None and y]
+        return statistics.median(ratios) if ratios else None
+
+    def best(self, names: list[str], mode: str) -> str | None:
+        ranked = [(self.median(n, mode, "calls_per_s"), n) for n in names]
+        ranked = [(r, n) for r, n in ranked if r is not None]
+        return max(ranked)[1] if ranked else None
+
+
+def fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "failed"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}K"
+    return f"{x:.0f}"
+
+
+def fmt_us(x: float | None) -> str:
+    return "failed" if x is None else f"{x:.1f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def print_tables(results: Results, subjects, modes: list[str], args: Args) -> None:
+    print(f"RPC round trips of echo(64-byte bytes): medians of {args.rounds} round(s), {args.seconds:g} s per measurement.")
+    print("Ratios are medians of per-round ratios of calls/s. Each subject's calls:")
+    for s in subjects:
+        print(f"  {s.name:<8} {s.how}")
+    shmpad = "shmpad" if any(s.family == "shmpad" for s in subjects) else None
+    for mode in modes:
+        title = "one caller thread, one call at a time" if mode == "sync" else f"{mode.rsplit('-', 1)[1]} calls in flight"
+        print()
+        print(f"== {mode}: {title} ==")
+        print(f"  {'subject':<8} {'median us':>10} {'p99 us':>9} {'calls/s':>9} {'shmpad/this':>12}")
+        for s in subjects:
+            ratio = results.ratio(shmpad, s.name, mode) if shmpad else None
+            print(
+                f"  {s.name:<8} {fmt_us(results.median(s.name, mode, 'median_us')):>10}"
+                f" {fmt_us(results.median(s.name, mode, 'p99_us')):>9}"
+                f" {fmt_rate(results.median(s.name, mode, 'calls_per_s')):>9} {fmt_ratio(ratio):>12}"
+            )
+
+
+TARGETS = f"shmpad sync median round trip <= {TARGET_MEDIAN_US:g} us; shmpad calls/s >= {TARGET_RATIO:g}x the best peer's, sync and in flight"
+
+
+def targets(results: Results, subjects, modes: list[str]) -> list[str]:
+    """One line per target: PASS/FAIL, the claim, the measured value."""
+    lines = []
+
+    def line(claim: str, shown: str, passed: bool | None) -> None:
+        verdict = "n/a " if passed is None else ("PASS" if passed else "FAIL")
+        lines.append(f"  {verdict}  {claim}: {shown}")
+
+    if not any(s.family == "shmpad" for s in subjects):
+        return ["  n/a   shmpad was not measured"]
+    peers = [s.name for s in subjects if s.family == "peer"]
+    if "sync" in modes:
+        m = results.median("shmpad", "sync", "median_us")
+        line(f"shmpad sync median round trip <= {TARGET_MEDIAN_US:g} us", f"{fmt_us(m)} us", None if m is None else m <= TARGET_MEDIAN_US)
+    for mode in modes:
+        best = results.best(peers, mode)
+        r = results.ratio("shmpad", peers, mode) if peers else None
+        line(
+            f"shmpad {mode} calls/s >= {TARGET_RATIO:g}x the best peer's ({best or 'no peer measured'})",
+            fmt_ratio(r),
+            None if r is None else r >= TARGET_RATIO,
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    subjects, notes = available(select(args.subjects))
+    for note in notes:
+        print(note, file=sys.stderr)
+    if not subjects:
+        raise SystemExit("bench.rpc: no subject left to measure")
+    if any(s.family == "floor" for s in subjects):
+        warm_up_floor()
+    plans = [
+        Plan(depth=depth, seconds=args.seconds, warmup_seconds=args.warmup) for depth in (1, args.in_flight)
+    ]
+    modes = [p.mode for p in plans]
+    results = Results()
+    failures: list[str] = []
+    started = time.monotonic()
+    for r in range(args.rounds):
+        order = subjects[r % len(subjects) :] + subjects[: r % len(subjects)]
+        for plan in plans:
+            for s in order:
+                try:
+                    sample = measure(s, plan)
+                except MeasurementFailed as e:
+                    failures.append(f"round {r + 1}: {e}")
+                    print(f"FAILED {e}", file=sys.stderr)
+                    sample = None
+                results.add(s.name, plan.mode, sample)
+        print(f"round {r + 1}/{args.rounds} done, {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+    if args.json:
+        for mode in modes:
+            for s in subjects:
+                record = {
+                    "subject": s.name,
+                    "mode": mode,
+                    "median_us": results.median(s.name, mode, "median_us"),
+                    "p99_us": results.median(s.name, mode, "p99_us"),
+                    "calls_per_s": results.median(s.name, mode, "calls_per_s"),
+                }
+                print(json.dumps(record), flush=True)
+        out = sys.stderr
+    else:
+        print_tables(results, subjects, modes, args)
+        out = sys.stdout
+    print(file=out)
+    for note in notes:
+        print(f"Note: {note}", file=out)
+    print(f"Targets: {TARGETS}", file=out)
+    for line in targets(results, subjects, modes):
+        print(line, file=out)
+    if failures:
+        print(f"\n{len(failures)} measurement(s) failed:", file=out)
+        for f in failures:
+            print(f"  {f}", file=out)
+    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through measure()'s finally, which kills the children
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\nbench.rpc: interrupted; every child was killed", file=sys.stderr)
+        sys.exit(130)
