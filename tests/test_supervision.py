@@ -100,7 +100,7 @@ def test_launch_type_flag_and_failure_exit_status(tmp_path):
 
 
 NODES_REPORT = """
-def say(msg):  # one write per line: print() from two threads can interleave
+def say(msg):  # one write per line: print() makes two, and other threads write between them
     sys.stdout.write(msg + chr(10))
     sys.stdout.flush()
 def node(i):
@@ -123,9 +123,9 @@ with program.group("node"):
 if "--stubborn" in sys.argv:
     program.add_node(lp.PyNode(stubborn), "stubborn")
 manager = lp.launch(program)
-print(f"launcher {os.getpid()} {len(manager.pids())}", flush=True)
+say(f"launcher {os.getpid()} {len(manager.pids())}")
 manager.wait()
-print("launcher done", flush=True)
+say("launcher done")
 """
 
 
