@@ -507,9 +507,10 @@ class WorkerManager:
             if w.done:
                 continue
             if w.pid is not None:
-                for kill in (lambda: os.killpg(w.pid, signal.SIGKILL), lambda: os.kill(w.pid, signal.SIGKILL)):
+                # the node leads its process group: killing the group ends what it started
+                for kill in (os.killpg, os.kill):
                     try:
-                        kill()
+                        kill(w.pid, signal.SIGKILL)
                     except OSError as e:
                         if e.errno != errno.ESRCH:
                             raise

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import struct
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ import pytest
 import shmpad as lp
 from shmpad import NodeFailed
 
-from helpers import pid_alive, track_pid, wait_until
+from helpers import pid_alive, track_pid
 
 ALL_TYPES = ["test_mp", "test_mt", "local_mp", "local_mt"]
 MP = ["test_mp", "local_mp"]

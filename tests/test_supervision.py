@@ -12,8 +12,6 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 from helpers import creator_pid_of, kill_and_reap, pid_alive, read_line, shm_entries, track_pid, wait_until
 
 PREAMBLE = """
@@ -44,7 +42,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_and_reap(proc)
-        raise AssertionError("launcher did not finish")
+        raise AssertionError("launcher did not finish") from None
     return proc.returncode, out.decode(), err.decode()
 
 

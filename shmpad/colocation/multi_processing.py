@@ -94,7 +94,7 @@ class MultiProcessingColocation(PyNode):
                     for pid, *_ in children.values():
                         _signal(pid, signal.SIGTERM)
                 poller = select.poll()
-                for pid, pidfd, xr, _ in children.values():
+                for _, pidfd, xr, _ in children.values():
                     poller.register(pidfd, select.POLLIN)
                     poller.register(xr, select.POLLIN)
                 ready = {fd for fd, _ in poller.poll(_POLL_MS)}
