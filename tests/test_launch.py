@@ -470,3 +470,26 @@ def test_test_case_cleanup_stops_and_raises(launch_type, capfd):
     with pytest.raises(RuntimeError, match="daemon broke"):
         case2.run_cleanups()
     capfd.readouterr()
+
+
+def test_an_idle_program_does_not_burn_cpu():
+    """A courier server with no calls, a node blocked on an empty ring and one waiting
+    for stop sleep: together they use a few percent of a core, not one."""
+    from helpers import proc_cpu_seconds
+
+    program = lp.Program("idle")
+    queue = program.add_node(lp.RingNode(4, slot_size=64), "queue")
+    program.add_node(lp.CourierNode(Counter), "server")
+    program.add_node(lp.PyNode(lambda q: q.get_bytes(), queue), "consumer")
+    program.add_node(lp.PyNode(blocks_until_stop), "waiter")
+    manager = lp.launch(program, launch_type="test_mp")
+    try:
+        pids = list(manager.pids().values())
+        time.sleep(0.5)  # start-up (imports, first calls) is not idling
+        before = sum(proc_cpu_seconds(p) for p in pids)
+        t0 = time.monotonic()
+        time.sleep(2.0)
+        used = sum(proc_cpu_seconds(p) for p in pids) - before
+        assert used / (time.monotonic() - t0) < 0.10, f"idle nodes used {used:.2f} s of CPU in 2 s"
+    finally:
+        manager.stop_and_wait()
