@@ -20,7 +20,6 @@ buffer. Each subject's ``reads`` says exactly what its consumer does.
 from __future__ import annotations
 
 import mmap
-import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
@@ -31,6 +30,9 @@ from time import perf_counter
 from typing import Callable, ClassVar, NamedTuple
 
 import numpy as np
+
+from bench import subject
+from bench.harness import FORK
 
 __all__ = [
     "PEERS",
@@ -43,8 +45,6 @@ __all__ = [
     "receive_until_ends",
     "send_for",
 ]
-
-FORK = multiprocessing.get_context("fork")
 
 # The end marker of the byte transports: every payload is at least 2 bytes, so a
 # 1-byte message can only be the end.
@@ -99,15 +99,12 @@ class Tally(NamedTuple):
     """the last payload the consumer read equals the one sent"""
 
 
-class Subject:
+class Subject(subject.Subject):
     """Base of every measured transport; see the module docstring for the contract."""
 
-    name: ClassVar[str]
     family: ClassVar[str]  # "shmpad", "peer" or "ceiling"
     reads: ClassVar[str]  # what the consumer does with each message
-
-    def __init__(self, plan: Plan):
-        self.plan = plan
+    plan: Plan
 
     def prepare_consumer(self) -> None:
         pass
@@ -117,9 +114,6 @@ class Subject:
 
     def consume(self) -> Tally:
         raise NotImplementedError
-
-    def close(self) -> None:
-        pass
 
 
 def send_for(send: Callable, msg, plan: Plan) -> int:

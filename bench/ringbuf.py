@@ -47,34 +47,29 @@ child fails, is killed and reported as failed; the run goes on.
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import dataclasses
-import fnmatch
 import functools
 import json
-import math
 import multiprocessing.connection
-import os
-import signal
 import statistics
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from time import perf_counter
 from typing import ClassVar
 
 import numpy as np
 
-from bench.peers import END, FORK, PEERS, Plan, Subject, Tally, idler, receive_until_ends, send_for
+from bench.cli import parser_for
+from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing
+from bench.peers import END, PEERS, Plan, Subject, Tally, idler, receive_until_ends, send_for
+from bench.report import fmt_rate, fmt_ratio, print_failures, verdict
+from bench.subject import available, select
 
 KIB = 1 << 10
 MIB = 1 << 20
 
-# A child waits this long at the start barrier; the parent allows this much beyond
-# --seconds for start-up plus draining before it kills a measurement.
-START_TIMEOUT_S = 15.0
+# The parent allows this much beyond --seconds and the start barrier's timeout for
+# draining before it kills a measurement.
 DRAIN_TIMEOUT_S = 15.0
 
 
@@ -101,15 +96,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    parser = argparse.ArgumentParser(prog="python -m bench.ringbuf", description=__doc__.split("\n\n")[0])
-    docs = _field_docs(Args)
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=docs[f.name])
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{docs[f.name]} (default: {f.default})")
+    parser = parser_for(Args, prog="python -m bench.ringbuf", description=__doc__.split("\n\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
     if args.quick:
         args.rounds, args.seconds, args.sizes = 1, 0.1, "64,64K"
@@ -118,19 +105,6 @@ def parse_args(argv: list[str] | None = None) -> Args:
     if not args.seconds > 0:
         parser.error(f"--seconds must be > 0, got {args.seconds}")
     return args
-
-
-def _field_docs(cls) -> dict[str, str]:
-    """The docstring under each dataclass field (read from the source)."""
-    import ast
-    import inspect
-
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[stmt.target.id] = nxt.value.value
-    return docs
 
 
 def parse_size(text: str) -> int:
@@ -488,45 +462,19 @@ def single_calls(subject: type[Subject]) -> bool:
     return copies(subject) and not subject.name.endswith("-batch")
 
 
+def missing_ring(subject: type[Subject]) -> str | None:
+    """Why ``subject`` cannot run here: its ring module does not import (missing, or broken mid-edit)."""
+    if not issubclass(subject, _Shmpad):
+        return None
+    try:
+        ring_class(subject.kind)
+    except Exception as e:
+        return f"its ring does not import: {e!r}"
+    return None
+
+
 # ---------------------------------------------------------------------------------------
 # Running one measurement
-
-
-class MeasurementFailed(Exception):
-    pass
-
-
-def _child(label: str, lifetime: float, prepare, work, barrier, report) -> None:
-    """Body of every forked child: prepare, meet at the barrier, work, report; name any failure.
-
-    The child dies with its parent (PR_SET_PDEATHSIG) and at the latest after
-    ``lifetime`` seconds (SIGALRM), so nothing outlives a killed or stuck run."""
-    _die_with_parent()
-    signal.alarm(math.ceil(lifetime))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle: it kills us
-    try:
-        prepare()
-        barrier.wait(START_TIMEOUT_S)
-        report(work())
-    except BaseException:
-        sys.stderr.write(f"Error in '{label}':\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _nothing() -> None:
-    pass
-
-
-def _die_with_parent() -> None:
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def measure(subject_type: type[Subject], plan: Plan, ring_stats: bool = False) -> float:
@@ -542,11 +490,11 @@ def measure(subject_type: type[Subject], plan: Plan, ring_stats: bool = False) -
     # role, before the barrier, after it, what to do with its result
     roles = [("consumer", subject.prepare_consumer, subject.consume, results_in.send)]
     for i in range(plan.producers):
-        roles.append((f"producer/{i}", _nothing, functools.partial(subject.produce, i), functools.partial(sent.__setitem__, i)))
+        roles.append((f"producer/{i}", nothing, functools.partial(subject.produce, i), functools.partial(sent.__setitem__, i)))
     # The parent kills a measurement after ``budget``; a child left on its own ends a bit later.
     budget = START_TIMEOUT_S + plan.seconds + DRAIN_TIMEOUT_S
     names = {
-        FORK.Process(target=_child, args=(f"{what}/{role}", budget + 5, prepare, work, barrier, report), daemon=True): role
+        FORK.Process(target=child, args=(f"{what}/{role}", budget + 5, prepare, work, barrier, report), daemon=True): role
         for role, prepare, work, report in roles
     }
     procs = list(names)
@@ -569,10 +517,7 @@ def measure(subject_type: type[Subject], plan: Plan, ring_stats: bool = False) -
             raise MeasurementFailed(f"{what}: the consumer reported nothing")
         tally: Tally = results.recv()
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
+        end(procs)
         results.close()
         results_in.close()
         if ring_stats and isinstance(subject, _Shmpad):
@@ -591,43 +536,6 @@ def measure(subject_type: type[Subject], plan: Plan, ring_stats: bool = False) -
 
 # ---------------------------------------------------------------------------------------
 # Reporting
-
-
-def select(args: Args) -> list[type[Subject]]:
-    patterns = [p.strip() for p in args.subjects.split(",") if p.strip()]
-    chosen = [s for s in SUBJECTS if any(p == s.family or fnmatch.fnmatchcase(s.name, p) for p in patterns)]
-    if not chosen:
-        names = ", ".join(s.name for s in SUBJECTS)
-        raise SystemExit(f"--subjects {args.subjects!r} matches none of: {names} (or a family: shmpad, peer, ceiling)")
-    return chosen
-
-
-def available(subjects: list[type[Subject]]) -> tuple[list[type[Subject]], list[str]]:
-    """Subjects whose imports work here, and a note for each one left out."""
-    ok, notes = [], []
-    for s in subjects:
-        try:
-            if issubclass(s, _Shmpad):
-                ring_class(s.kind)
-        except Exception as e:  # a ring module missing, or broken mid-edit
-            notes.append(f"{s.name}: skipped, its ring does not import: {e!r}")
-            continue
-        ok.append(s)
-    return ok, notes
-
-
-def fmt_rate(x: float | None) -> str:
-    if x is None:
-        return "failed"
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e3:
-        return f"{x / 1e3:.1f}K"
-    return f"{x:.0f}"
-
-
-def fmt_ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 class Results:
@@ -697,8 +605,7 @@ def targets(results: Results, subjects, sizes, producer_counts) -> list[str]:
     lines = []
 
     def line(case: str, claim: str, shown: str, passed: bool | None) -> None:
-        verdict = "n/a " if passed is None else ("PASS" if passed else "FAIL")
-        lines.append(f"  {verdict}  {case}: {claim}: {shown}")
+        lines.append(f"  {verdict(passed)}  {case}: {claim}: {shown}")
 
     for size in sizes:
         for producers in producer_counts:
@@ -746,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--producers takes counts >= 1, got {args.producers!r}")
     except ValueError as e:
         raise SystemExit(f"bench.ringbuf: {e}") from None
-    subjects, notes = available(select(args))
+    subjects, notes = available(select(SUBJECTS, args.subjects), missing_ring)
     for note in notes:
         print(note, file=sys.stderr)
     if not subjects:
@@ -791,10 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Targets: {TARGETS}", file=out)
     for line in targets(results, subjects, sizes, producer_counts):
         print(line, file=out)
-    if failures:
-        print(f"\n{len(failures)} measurement(s) failed:", file=out)
-        for f in failures:
-            print(f"  {f}", file=out)
+    print_failures(failures, file=out)
     print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 1 if failures else 0
 

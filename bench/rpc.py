@@ -38,22 +38,14 @@ is killed and reported as failed, and the run goes on.
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import dataclasses
-import fnmatch
 import functools
 import importlib.util
-import itertools
 import json
-import math
 import multiprocessing.connection
-import os
 import signal
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -61,9 +53,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from bench.cli import parser_for
+from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing
+from bench.report import fmt_rate, fmt_ratio, print_failures, verdict
 from bench.rpc_subjects import (
     FLOOR,
-    FORK,
     PEERS,
     SERVER_THREADS,
     Caller,
@@ -74,10 +68,10 @@ from bench.rpc_subjects import (
     payloads,
     warm_up_floor,
 )
+from bench.subject import available, select
 
-# A child waits this long at the start barrier; a measurement may take this long on
-# top of its warm-up and timed phase (the first shmpad call may compile kernels).
-START_TIMEOUT_S = 15.0
+# A measurement may take this long on top of the start barrier's timeout, its warm-up
+# and its timed phase (the first shmpad call may compile kernels).
 SLACK_S = 60.0
 # After the client is done, the server has this long to end once asked.
 STOP_TIMEOUT_S = 10.0
@@ -105,15 +99,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    parser = argparse.ArgumentParser(prog="python -m bench.rpc", description=__doc__.split("\n\n")[0])
-    docs = _field_docs(Args)
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=docs[f.name])
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{docs[f.name]} (default: {f.default})")
+    parser = parser_for(Args, prog="python -m bench.rpc", description=__doc__.split("\n\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
     if args.quick:
         args.rounds, args.seconds, args.warmup = 1, 0.2, 0.05
@@ -128,19 +114,6 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return args
 
 
-def _field_docs(cls) -> dict[str, str]:
-    """The docstring under each dataclass field (read from the source)."""
-    import ast
-    import inspect
-
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = {}
-    for stmt, nxt in itertools.pairwise(body):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[stmt.target.id] = nxt.value.value
-    return docs
-
-
 # ---------------------------------------------------------------------------------------
 # The shmpad subject. shmpad.rpc is imported lazily so that the peers run without it.
 
@@ -148,12 +121,8 @@ def _field_docs(cls) -> dict[str, str]:
 class _ShmpadCaller(FutureWindow):
     def __init__(self, client):
         # What ``client.echo`` and ``client.futures.echo`` give, looked up once (as for every subject).
-        super().__init__(client.futures.echo)
+        super().__init__(client, client.futures.echo)
         self.call = client.echo
-        self._client = client
-
-    def close(self) -> None:
-        self._client.close()
 
 
 class Shmpad(Subject):
@@ -192,6 +161,22 @@ class Shmpad(Subject):
 
 SHMPAD: list[type[Subject]] = [Shmpad]
 SUBJECTS: list[type[Subject]] = SHMPAD + PEERS + FLOOR
+
+
+def missing(subject: type[Subject]) -> str | None:
+    """Why ``subject`` cannot run here (its package is not installed, or shmpad.rpc does
+    not import), or None. Peers are looked up, not imported: importing portal sets the
+    spawn start method."""
+    if subject.name == "portal" and importlib.util.find_spec("portal") is None:
+        return "not installed (pip install portal)"
+    if subject.name == "zmq-ipc" and importlib.util.find_spec("zmq") is None:
+        return "pyzmq is not installed"
+    if subject.family == "shmpad":
+        try:
+            import shmpad.rpc  # noqa: F401
+        except Exception as e:  # missing, or broken mid-edit
+            return f"shmpad.rpc does not import: {e!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,36 +292,6 @@ def run_client(subject: Subject, plan: Plan) -> Sample:
 # Running one measurement
 
 
-class MeasurementFailed(Exception):
-    pass
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _child(label: str, lifetime: float, prepare, work, barrier, report) -> None:
-    """Body of both forked children: prepare, meet at the barrier, work, report; name any failure.
-
-    The child dies with its parent (PR_SET_PDEATHSIG) and at the latest after
-    ``lifetime`` seconds (SIGALRM), so nothing outlives a killed or stuck run."""
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-    signal.alarm(math.ceil(lifetime))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle: it kills us
-    try:
-        prepare()
-        barrier.wait(START_TIMEOUT_S)
-        result = work()
-        if report is not None:
-            report(result)
-    except BaseException:
-        sys.stderr.write(f"Error in '{label}':\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        os._exit(1)
-
-
 def measure(subject_type: type[Subject], plan: Plan) -> Sample:
     """Run one measurement in a fresh server and client process; what the client measured."""
     what = f"{subject_type.name} {plan.mode}"
@@ -349,13 +304,13 @@ def measure(subject_type: type[Subject], plan: Plan) -> Sample:
     timed = plan.warmup_seconds + (plan.seconds if not plan.calls else 0)
     budget = START_TIMEOUT_S + timed + SLACK_S
     server = FORK.Process(
-        target=_child,
+        target=child,
         args=(f"{what}/server", budget + STOP_TIMEOUT_S + 5, subject.prepare_server, subject.serve, barrier, None),
         daemon=True,
     )
     client = FORK.Process(
-        target=_child,
-        args=(f"{what}/client", budget + 5, _nothing, functools.partial(run_client, subject, plan), barrier, results_in.send),
+        target=child,
+        args=(f"{what}/client", budget + 5, nothing, functools.partial(run_client, subject, plan), barrier, results_in.send),
         daemon=True,
     )
     started: list = []
@@ -390,50 +345,14 @@ def measure(subject_type: type[Subject], plan: Plan) -> Sample:
             raise MeasurementFailed(f"{what}: the server exited with code {server.exitcode}")
         return sample
     finally:
-        for p in started:
-            if p.is_alive():
-                p.kill()
-            p.join()
+        end(started)
         results.close()
         results_in.close()
         subject.close()
 
 
-def _nothing() -> None:
-    pass
-
-
 # ---------------------------------------------------------------------------------------
 # Reporting
-
-
-def select(patterns_text: str) -> list[type[Subject]]:
-    patterns = [p.strip() for p in patterns_text.split(",") if p.strip()]
-    chosen = [s for s in SUBJECTS if any(p == s.family or fnmatch.fnmatchcase(s.name, p) for p in patterns)]
-    if not chosen:
-        names = ", ".join(s.name for s in SUBJECTS)
-        raise SystemExit(f"--subjects {patterns_text!r} matches none of: {names} (or a family: shmpad, peer, floor)")
-    return chosen
-
-
-def available(subjects: list[type[Subject]]) -> tuple[list[type[Subject]], list[str]]:
-    """Subjects whose imports work here, and a note for each one left out."""
-    ok, notes = [], []
-    for s in subjects:
-        if s.name == "portal" and importlib.util.find_spec("portal") is None:
-            notes.append("portal: skipped, not installed (pip install portal)")
-            continue
-        if s.name == "zmq-ipc" and importlib.util.find_spec("zmq") is None:
-            notes.append("zmq-ipc: skipped, pyzmq is not installed")
-            continue
-        if s.family == "shmpad":
-            try:
-                import shmpad.rpc  # noqa: F401
-            except Exception as e:  # missing, or broken mid-edit
-                notes.append(f"shmpad: skipped, shmpad.rpc does not import: {e!r}")
-                continue
-        ok.append(s)
-    return ok, notes
 
 
 class Results:
@@ -471,22 +390,8 @@ class Results:
         return max(ranked)[1] if ranked else None
 
 
-def fmt_rate(x: float | None) -> str:
-    if x is None:
-        return "failed"
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e3:
-        return f"{x / 1e3:.1f}K"
-    return f"{x:.0f}"
-
-
 def fmt_us(x: float | None) -> str:
     return "failed" if x is None else f"{x:.1f}"
-
-
-def fmt_ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 def print_tables(results: Results, subjects, modes: list[str], args: Args) -> None:
@@ -517,8 +422,7 @@ def targets(results: Results, subjects, modes: list[str]) -> list[str]:
     lines = []
 
     def line(claim: str, shown: str, passed: bool | None) -> None:
-        verdict = "n/a " if passed is None else ("PASS" if passed else "FAIL")
-        lines.append(f"  {verdict}  {claim}: {shown}")
+        lines.append(f"  {verdict(passed)}  {claim}: {shown}")
 
     if not any(s.family == "shmpad" for s in subjects):
         return ["  n/a   shmpad was not measured"]
@@ -539,7 +443,7 @@ def targets(results: Results, subjects, modes: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    subjects, notes = available(select(args.subjects))
+    subjects, notes = available(select(SUBJECTS, args.subjects), missing)
     for note in notes:
         print(note, file=sys.stderr)
     if not subjects:
@@ -587,10 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Targets: {TARGETS}", file=out)
     for line in targets(results, subjects, modes):
         print(line, file=out)
-    if failures:
-        print(f"\n{len(failures)} measurement(s) failed:", file=out)
-        for f in failures:
-            print(f"  {f}", file=out)
+    print_failures(failures, file=out)
     print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 1 if failures else 0
 

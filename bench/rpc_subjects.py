@@ -28,7 +28,6 @@ looks its call function up once (``client.echo``), as a hot loop would.
 from __future__ import annotations
 
 import collections
-import multiprocessing
 import shutil
 import socket
 import tempfile
@@ -39,12 +38,12 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
+from bench import subject
+from bench.harness import FORK
 from shmpad.ringbuf.atomics import cpu_pause, load_acquire, load_relaxed, store_release
 from shmpad.ringbuf.segment import Segment
 
-__all__ = ["FLOOR", "FORK", "PAYLOAD_BYTES", "PEERS", "Caller", "Echo", "FutureWindow", "Plan", "Subject", "payloads"]
-
-FORK = multiprocessing.get_context("fork")
+__all__ = ["FLOOR", "PAYLOAD_BYTES", "PEERS", "Caller", "Echo", "FutureWindow", "Plan", "Subject", "payloads"]
 
 PAYLOAD_BYTES = 64
 DISTINCT_PAYLOADS = 1024
@@ -100,15 +99,12 @@ class Caller:
         pass
 
 
-class Subject:
+class Subject(subject.Subject):
     """Base of every measured RPC path; see the module docstring for the contract."""
 
-    name: ClassVar[str]
     family: ClassVar[str]  # "shmpad", "peer" or "floor"
     how: ClassVar[str]  # what a call is, in both modes
-
-    def __init__(self, plan: Plan):
-        self.plan = plan
+    plan: Plan
 
     def prepare_server(self) -> None:
         pass
@@ -122,14 +118,13 @@ class Subject:
     def stop(self) -> None:
         pass
 
-    def close(self) -> None:
-        pass
-
 
 class FutureWindow(Caller):
-    """In-flight calls through an RPC client's futures, awaited oldest first."""
+    """In-flight calls through an RPC client's futures, awaited oldest first; the goodbye
+    closes the client."""
 
-    def __init__(self, call_async: Callable[[bytes], object]):
+    def __init__(self, client, call_async: Callable[[bytes], object]):
+        self._client = client
         self._call_async = call_async
         self._window: collections.deque = collections.deque()
 
@@ -138,6 +133,9 @@ class FutureWindow(Caller):
 
     def next_reply(self) -> bytes:
         return self._window.popleft().result()
+
+    def close(self) -> None:
+        self._client.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -265,15 +263,8 @@ class ZmqIpc(Subject):
 
 
 class _PortalCaller(FutureWindow):
-    def __init__(self, client, echo_async):
-        super().__init__(echo_async)
-        self._client = client
-
     def call(self, payload: bytes) -> bytes:
         return self._call_async(payload).result()
-
-    def close(self) -> None:
-        self._client.close()
 
 
 class Portal(Subject):
