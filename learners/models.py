@@ -1,0 +1,229 @@
+"""Actor-critic models: a torso, an optional LSTM core, a policy head and a baseline head.
+
+Torsos map one observation per row, ``[N, *obs_shape]``, to ``[N, features]``:
+
+- ``NatureTorso``: the DQN Nature CNN (Mnih et al. 2015), IMPALA's "shallow" network;
+  ``1,693,875`` parameters with the heads for ``4x84x84`` frames and 18 actions.
+- ``ResNetTorso``: IMPALA's "deep" network (Espeholt et al. 2018), three stages of
+  16, 32, 32 channels then a 256-unit layer; ``1,094,115`` parameters with the heads.
+- ``MLPTorso``: for vector observations (CartPole).
+
+The image torsos take uint8 frames and scale them by 1/255 inside. ``ActorCritic``
+runs a torso over time-major inputs ``[T, B, ...]``, with an optional LSTM whose
+state is carried between calls and zeroed where an episode starts, as in
+torchbeast and moolib.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from learners._checks import describe
+
+__all__ = ["ModelOutput", "NatureTorso", "ResNetTorso", "MLPTorso", "ActorCritic", "make_model"]
+
+
+class ModelOutput(NamedTuple):
+    """``ActorCritic``'s outputs."""
+
+    policy_logits: torch.Tensor  # [T, B, A]
+    baseline: torch.Tensor  # [T, B]
+    core_state: tuple[torch.Tensor, ...]  # () without an LSTM, else (h, c), each [layers, B, hidden]
+
+
+def _check_image_shape(obs_shape: Sequence[int], smallest: int) -> tuple[int, int, int]:
+    shape = tuple(obs_shape)
+    if len(shape) != 3 or any(isinstance(n, bool) or not isinstance(n, int) for n in shape):
+        raise ValueError(f"obs_shape must be (channels, height, width), got {obs_shape!r}")
+    if shape[0] < 1 or min(shape[1:]) < smallest:
+        raise ValueError(f"obs_shape must have >= 1 channel and height and width >= {smallest}, got {shape}")
+    return shape
+
+
+def _scale_frames(obs: torch.Tensor) -> torch.Tensor:
+    if obs.dtype != torch.uint8:
+        raise TypeError(f"observations must be a torch.uint8 tensor of frames, got {describe(obs)}")
+    return obs.float().mul_(1.0 / 255.0)
+
+
+class NatureTorso(nn.Module):
+    """The Nature CNN: conv 32x8x8/4, 64x4x4/2, 64x3x3/1, then 512 units; ``forward(obs [N, C, H, W] uint8) -> [N, 512]``."""
+
+    def __init__(self, obs_shape: Sequence[int] = (4, 84, 84), hidden: int = 512):
+        super().__init__()
+        self.obs_shape = _check_image_shape(obs_shape, smallest=36)
+        c, h, w = self.obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        )
+        for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+            h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1
+        self.fc = nn.Linear(64 * h * w, hidden)
+        self.out_features = hidden
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.convs(_scale_frames(obs)).flatten(1)  # [N, 64 * h * w]
+        return F.relu(self.fc(x))  # [N, hidden]
+
+
+class _Residual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class _Stage(nn.Module):
+    def __init__(self, in_channels: int, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, channels, 3, padding=1)
+        self.res0 = _Residual(channels)
+        self.res1 = _Residual(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(self.conv(x), 3, stride=2, padding=1)
+        return self.res1(self.res0(x))
+
+
+class ResNetTorso(nn.Module):
+    """IMPALA's deep network: stages of (conv 3x3, max-pool 3x3/2, two residual blocks), then ``hidden`` units;
+    ``forward(obs [N, C, H, W] uint8) -> [N, hidden]``."""
+
+    def __init__(self, obs_shape: Sequence[int] = (4, 84, 84), channels: Sequence[int] = (16, 32, 32), hidden: int = 256):
+        super().__init__()
+        self.obs_shape = _check_image_shape(obs_shape, smallest=1)
+        c, h, w = self.obs_shape
+        stages = []
+        for out in channels:
+            stages.append(_Stage(c, out))
+            c, h, w = out, (h + 1) // 2, (w + 1) // 2
+        self.stages = nn.Sequential(*stages)
+        self.fc = nn.Linear(c * h * w, hidden)
+        self.out_features = hidden
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.stages(_scale_frames(obs))).flatten(1)  # [N, c * h * w]
+        return F.relu(self.fc(x))  # [N, hidden]
+
+
+class MLPTorso(nn.Module):
+    """Fully connected tanh layers; ``forward(obs [N, obs_dim] floating) -> [N, hidden[-1]]``."""
+
+    def __init__(self, obs_dim: int, hidden: Sequence[int] = (64, 64)):
+        super().__init__()
+        if isinstance(obs_dim, bool) or not isinstance(obs_dim, int) or obs_dim < 1:
+            raise ValueError(f"obs_dim must be an int >= 1, got {obs_dim!r}")
+        if not hidden or any(n < 1 for n in hidden):
+            raise ValueError(f"hidden must be one or more layer sizes >= 1, got {hidden!r}")
+        layers: list[nn.Module] = []
+        size = obs_dim
+        for n in hidden:
+            layers += [nn.Linear(size, n), nn.Tanh()]
+            size = n
+        self.layers = nn.Sequential(*layers)
+        self.obs_shape = (obs_dim,)
+        self.out_features = size
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not obs.is_floating_point():
+            raise TypeError(f"observations must be a floating point tensor, got {describe(obs)}")
+        return self.layers(obs.to(self.layers[0].weight.dtype))  # [N, out_features]
+
+
+class ActorCritic(nn.Module):
+    """A torso, an optional LSTM core, and policy and baseline heads.
+
+    ``forward(obs [T, B, *obs_shape], done [T, B] bool, core_state) -> ModelOutput``.
+    ``done[t, b]`` means ``obs[t, b]`` is the first observation of a new episode
+    (the row convention of ``actors.rollout``), so the LSTM state of ``b`` is zeroed
+    before step ``t``. For one step of inference pass ``obs[None]`` and ``done[None]``.
+    """
+
+    def __init__(self, torso: nn.Module, num_actions: int, use_lstm: bool = False, lstm_layers: int = 1):
+        super().__init__()
+        if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
+            raise ValueError(f"num_actions must be an int >= 1, got {num_actions!r}")
+        if not hasattr(torso, "obs_shape") or not hasattr(torso, "out_features"):
+            raise TypeError(f"torso must be a module with obs_shape and out_features, got {type(torso).__name__}")
+        if isinstance(lstm_layers, bool) or not isinstance(lstm_layers, int) or lstm_layers < 1:
+            raise ValueError(f"lstm_layers must be an int >= 1, got {lstm_layers!r}")
+        self.torso = torso
+        self.obs_shape = tuple(torso.obs_shape)
+        self.num_actions = num_actions
+        features = torso.out_features
+        self.core = nn.LSTM(features, features, num_layers=lstm_layers) if use_lstm else None
+        self.policy = nn.Linear(features, num_actions)
+        self.baseline = nn.Linear(features, 1)
+
+    @property
+    def use_lstm(self) -> bool:
+        return self.core is not None
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """The zero core state for ``batch_size`` environments: ``(h, c)``, each ``[layers, B, hidden]``; ``()`` without an LSTM."""
+        if self.core is None:
+            return ()
+        weight = self.policy.weight
+        shape = (self.core.num_layers, batch_size, self.core.hidden_size)
+        return tuple(torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(2))
+
+    def forward(self, obs: torch.Tensor, done: torch.Tensor | None = None, core_state: tuple[torch.Tensor, ...] = ()) -> ModelOutput:
+        if not isinstance(obs, torch.Tensor):
+            raise TypeError(f"obs must be a tensor, got {describe(obs)}")
+        if obs.dim() != len(self.obs_shape) + 2 or tuple(obs.shape[2:]) != self.obs_shape:
+            raise ValueError(f"obs must be [T, B, *{self.obs_shape}], got shape {tuple(obs.shape)}")
+        T, B = obs.shape[:2]
+        x = self.torso(obs.flatten(0, 1))  # [T * B, features]
+        if self.core is not None:
+            x, core_state = self._unroll_core(x.view(T, B, -1), done, core_state)  # [T, B, features]
+        else:
+            x = x.view(T, B, -1)  # [T, B, features]
+        return ModelOutput(self.policy(x), self.baseline(x).squeeze(-1), core_state)
+
+    def _unroll_core(self, x: torch.Tensor, done: torch.Tensor | None, core_state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        T, B = x.shape[:2]
+        if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
+            raise TypeError(f"done must be a torch.bool tensor when the model has an LSTM, got {describe(done)}")
+        if done.shape != (T, B):
+            raise ValueError(f"done must be [T, B] = {(T, B)}, got shape {tuple(done.shape)}")
+        if not core_state:
+            core_state = self.initial_state(B)
+        expected = (self.core.num_layers, B, self.core.hidden_size)
+        if len(core_state) != 2 or any(s.shape != expected for s in core_state):
+            raise ValueError(f"core_state must be (h, c), each of shape {expected}, got shapes {[tuple(s.shape) for s in core_state]}")
+        not_done = (~done).to(x.dtype).view(T, 1, B, 1)  # [T, 1, B, 1]
+        outputs = []
+        for t in range(T):
+            core_state = tuple(s * not_done[t] for s in core_state)
+            output, core_state = self.core(x[t : t + 1], core_state)  # [1, B, hidden]
+            outputs.append(output)
+        return torch.cat(outputs), core_state
+
+
+def make_model(
+    kind: Literal["shallow", "deep", "mlp"],
+    obs_shape: Sequence[int],
+    num_actions: int,
+    use_lstm: bool = False,
+) -> ActorCritic:
+    """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``)."""
+    if kind == "shallow":
+        torso: nn.Module = NatureTorso(obs_shape)
+    elif kind == "deep":
+        torso = ResNetTorso(obs_shape)
+    elif kind == "mlp":
+        if len(tuple(obs_shape)) != 1:
+            raise ValueError(f"the mlp model takes vector observations, obs_shape (obs_dim,), got {tuple(obs_shape)!r}")
+        torso = MLPTorso(obs_shape[0])
+    else:
+        raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {kind!r}")
+    return ActorCritic(torso, num_actions, use_lstm=use_lstm)

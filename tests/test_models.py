@@ -1,0 +1,179 @@
+"""Actor-critic models: shapes, parameter counts, the LSTM core's state and resets, determinism, learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from learners.models import ActorCritic, MLPTorso, ModelOutput, NatureTorso, ResNetTorso, make_model
+
+
+def conv(c_in, c_out, k):
+    return c_in * c_out * k * k + c_out
+
+
+def linear(n_in, n_out):
+    return n_in * n_out + n_out
+
+
+def lstm(n_in, hidden):
+    return 4 * hidden * (n_in + hidden) + 8 * hidden
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+HEADS = linear(512, 18) + linear(512, 1)
+
+
+def test_nature_cnn_parameter_count():
+    # 84 -> 20 -> 9 -> 7 after the three convolutions.
+    expected = conv(4, 32, 8) + conv(32, 64, 4) + conv(64, 64, 3) + linear(64 * 7 * 7, 512) + linear(512, 18) + linear(512, 1)
+    assert expected == 1_693_875  # "about 1.7M"
+    assert count(make_model("shallow", (4, 84, 84), 18)) == expected
+
+
+def test_impala_resnet_parameter_count():
+    # 84 -> 42 -> 21 -> 11 after the three max-pools.
+    stages = sum(conv(c_in, c_out, 3) + 4 * conv(c_out, c_out, 3) for c_in, c_out in ((4, 16), (16, 32), (32, 32)))
+    expected = stages + linear(32 * 11 * 11, 256) + linear(256, 18) + linear(256, 1)
+    assert expected == 1_094_115  # "about 1.1M"
+    assert count(make_model("deep", (4, 84, 84), 18)) == expected
+
+
+@pytest.mark.parametrize("kind, features", [("shallow", 512), ("deep", 256), ("mlp", 64)])
+def test_lstm_adds_one_layer_of_torso_width(kind, features):
+    shape = (4,) if kind == "mlp" else (4, 84, 84)
+    with_core = count(make_model(kind, shape, 6, use_lstm=True))
+    assert with_core - count(make_model(kind, shape, 6)) == lstm(features, features)
+
+
+def observations(kind, T, B, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    if kind == "mlp":
+        return torch.randn(T, B, 4, generator=generator)
+    return torch.randint(0, 256, (T, B, 4, 84, 84), generator=generator, dtype=torch.uint8)
+
+
+def model_of(kind, use_lstm=False, num_actions=6, seed=0):
+    torch.manual_seed(seed)
+    return make_model(kind, (4,) if kind == "mlp" else (4, 84, 84), num_actions, use_lstm=use_lstm)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True], ids=["feedforward", "lstm"])
+@pytest.mark.parametrize("kind", ["shallow", "deep", "mlp"])
+@pytest.mark.parametrize("T, B", [(3, 2), (1, 1)])
+def test_output_shapes(kind, use_lstm, T, B):
+    model = model_of(kind, use_lstm)
+    out = model(observations(kind, T, B), torch.zeros(T, B, dtype=torch.bool), model.initial_state(B))
+    assert isinstance(out, ModelOutput)
+    assert out.policy_logits.shape == (T, B, 6) and out.baseline.shape == (T, B)
+    assert out.policy_logits.dtype == torch.float32 and out.baseline.dtype == torch.float32
+    if use_lstm:
+        assert [s.shape for s in out.core_state] == [(1, B, model.core.hidden_size)] * 2
+    else:
+        assert out.core_state == ()
+
+
+def test_feedforward_model_needs_no_done_and_treats_steps_independently():
+    model = model_of("shallow")
+    obs = observations("shallow", 3, 2)
+    out = model(obs)
+    one_step = model(obs[1:2, 1:2])
+    torch.testing.assert_close(one_step.policy_logits[0, 0], out.policy_logits[1, 1])
+
+
+def test_lstm_state_carries_across_calls():
+    model = model_of("mlp", use_lstm=True)
+    obs, done = observations("mlp", 6, 3), torch.zeros(6, 3, dtype=torch.bool)
+    whole = model(obs, done)
+    state = model.initial_state(3)
+    for t in range(6):
+        step = model(obs[t : t + 1], done[t : t + 1], state)
+        state = step.core_state
+        torch.testing.assert_close(step.policy_logits[0], whole.policy_logits[t])
+        torch.testing.assert_close(step.baseline[0], whole.baseline[t])
+    for carried, final in zip(state, whole.core_state):
+        torch.testing.assert_close(carried, final)
+    # The state matters: the same observation after a different history gives a different output.
+    assert not torch.allclose(whole.policy_logits[1:], model(obs[1:], done[1:]).policy_logits)
+
+
+def test_lstm_state_resets_where_done():
+    model = model_of("mlp", use_lstm=True)
+    obs = observations("mlp", 6, 3)
+    done = torch.zeros(6, 3, dtype=torch.bool)
+    done[3, 1] = True  # environment 1 starts a new episode at step 3
+    stale = tuple(torch.randn(s.shape) for s in model.initial_state(3))
+    out = model(obs, done, stale)
+    fresh = model(obs[3:, 1:2], torch.zeros(3, 1, dtype=torch.bool))  # from the zero state
+    torch.testing.assert_close(out.policy_logits[3:, 1], fresh.policy_logits[:, 0])
+    torch.testing.assert_close(out.baseline[3:, 1], fresh.baseline[:, 0])
+    # The others keep their (stale) state: the same as a run with no done at all.
+    no_reset = model(obs, torch.zeros(6, 3, dtype=torch.bool), stale)
+    torch.testing.assert_close(out.policy_logits[:, [0, 2]], no_reset.policy_logits[:, [0, 2]])
+    torch.testing.assert_close(out.policy_logits[:3], no_reset.policy_logits[:3])
+    # A done on the first step discards the state passed in.
+    first = done.clone()
+    first[0] = True
+    torch.testing.assert_close(model(obs, first, stale).policy_logits, model(obs, first).policy_logits)
+
+
+@pytest.mark.parametrize("kind", ["shallow", "deep", "mlp"])
+def test_deterministic_given_the_seed(kind):
+    a, b = model_of(kind, use_lstm=True, seed=3), model_of(kind, use_lstm=True, seed=3)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+    obs, done = observations(kind, 2, 2), torch.zeros(2, 2, dtype=torch.bool)
+    first, second = a(obs, done), b(obs, done)
+    assert torch.equal(first.policy_logits, second.policy_logits) and torch.equal(first.baseline, second.baseline)
+    assert not torch.equal(next(model_of(kind, seed=4).parameters()), next(a.parameters()))
+
+
+@pytest.mark.parametrize("use_lstm", [False, True], ids=["feedforward", "lstm"])
+@pytest.mark.parametrize("kind", ["shallow", "deep", "mlp"])
+def test_an_update_step_changes_every_weight(kind, use_lstm):
+    model = model_of(kind, use_lstm)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    obs, done = observations(kind, 3, 2), torch.zeros(3, 2, dtype=torch.bool)
+    done[1, 0] = True
+    out = model(obs, done)
+    actions = torch.tensor([[0, 1], [2, 3], [4, 5]])
+    log_probs = torch.log_softmax(out.policy_logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    loss = -(log_probs * torch.randn(3, 2)).sum() + ((out.baseline - 1.0) ** 2).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    for name, p in model.named_parameters():
+        assert not torch.equal(p, before[name]), f"{name} did not change"
+
+
+def test_bad_arguments_are_named():
+    model = model_of("shallow", use_lstm=True)
+    obs, done = observations("shallow", 2, 3), torch.zeros(2, 3, dtype=torch.bool)
+    with pytest.raises(TypeError, match=r"observations must be a torch.uint8 tensor of frames, got a torch.float32 tensor"):
+        model(obs.float(), done)
+    with pytest.raises(ValueError, match=r"obs must be \[T, B, \*\(4, 84, 84\)\], got shape \(3, 4, 84, 84\)"):
+        model(obs[0], done)
+    with pytest.raises(TypeError, match=r"done must be a torch.bool tensor when the model has an LSTM, got NoneType"):
+        model(obs)
+    with pytest.raises(ValueError, match=r"done must be \[T, B\] = \(2, 3\), got shape \(2,\)"):
+        model(obs, done[:, 0])
+    with pytest.raises(ValueError, match=r"core_state must be \(h, c\), each of shape \(1, 3, 512\), got shapes \[\(1, 2, 512\), \(1, 2, 512\)\]"):
+        model(obs, done, model.initial_state(2))
+    with pytest.raises(TypeError, match=r"observations must be a floating point tensor, got a torch.uint8 tensor"):
+        model_of("mlp")(torch.zeros(1, 1, 4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"kind must be 'shallow', 'deep' or 'mlp', got 'wide'"):
+        make_model("wide", (4, 84, 84), 6)
+    with pytest.raises(ValueError, match=r"num_actions must be an int >= 1, got 0"):
+        make_model("deep", (4, 84, 84), 0)
+    with pytest.raises(ValueError, match=r"height and width >= 36, got \(4, 32, 84\)"):
+        NatureTorso((4, 32, 84))
+    with pytest.raises(ValueError, match=r"obs_shape must be \(channels, height, width\), got \(84, 84\)"):
+        ResNetTorso((84, 84))
+    with pytest.raises(ValueError, match=r"obs_dim must be an int >= 1, got 0"):
+        MLPTorso(0)
+    with pytest.raises(TypeError, match=r"torso must be a module with obs_shape and out_features, got Linear"):
+        ActorCritic(torch.nn.Linear(2, 2), 3)
