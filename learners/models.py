@@ -16,7 +16,8 @@ torchbeast and moolib.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -24,7 +25,7 @@ from torch.nn import functional as F
 
 from learners._checks import describe
 
-__all__ = ["ModelOutput", "NatureTorso", "ResNetTorso", "MLPTorso", "ActorCritic", "make_model"]
+__all__ = ["ActorCritic", "MLPTorso", "ModelOutput", "NatureTorso", "ResNetTorso", "make_model"]
 
 
 class ModelOutput(NamedTuple):

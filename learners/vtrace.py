@@ -22,10 +22,15 @@ from typing import NamedTuple
 
 import torch
 
-from learners._checks import check_float_tensor, check_int_tensor, check_threshold
+from learners._checks import (
+    check_float_tensor,
+    check_int_tensor,
+    check_number,
+    check_threshold,
+)
 from learners.categorical import action_log_probs
 
-__all__ = ["VTraceReturns", "VTraceFromLogitsReturns", "from_importance_weights", "from_logits"]
+__all__ = ["VTraceFromLogitsReturns", "VTraceReturns", "from_importance_weights", "from_logits"]
 
 
 class VTraceReturns(NamedTuple):
@@ -135,10 +140,7 @@ def from_importance_weights(
             raise TypeError(f"{name} must be {values.dtype} on {values.device} like values, got {tensor.dtype} on {tensor.device}")
     check_threshold("clip_rho_threshold", clip_rho_threshold)
     check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
-    if isinstance(lambda_, bool) or not isinstance(lambda_, (int, float)):
-        raise TypeError(f"lambda_ must be a number, got {type(lambda_).__name__}")
-    if not 0.0 <= lambda_ <= 1.0:
-        raise ValueError(f"lambda_ must be in [0, 1], got {lambda_}")
+    check_number("lambda_", lambda_, 0, 1)
 
     rhos = torch.exp(log_rhos)  # [T, B, ...]
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)  # [T, B, ...]

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learners.models import ActorCritic, MLPTorso, ModelOutput, NatureTorso, ResNetTorso, make_model
+from learners.models import (
+    ActorCritic,
+    MLPTorso,
+    ModelOutput,
+    NatureTorso,
+    ResNetTorso,
+    make_model,
+)
 
 
 def conv(c_in, c_out, k):
