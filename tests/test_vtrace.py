@@ -2,7 +2,7 @@
 
 Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
 Actor-Learner Architectures", section 4. The reference uses the n-step sum of eq. (1)
-directly (not the recursion of remark 1 that ``learners.vtrace`` uses), with the
+directly (not the recursive form that ``learners.vtrace`` uses), with the
 per-step discounts of a trajectory that may contain episode ends, so that the two
 agree only if the recursion is right.
 """
@@ -31,7 +31,7 @@ def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip
         r = [rewards[(t, *index)] for t in range(T)]
         # V(x_t) for t = 0..T, with V(x_T) the bootstrap value.
         V = [values[(t, *index)] for t in range(T)] + [bootstrap_value[index]]
-        # rho_t clipped at rho_bar (eq. 1), c_i = lambda min(c_bar = 1, rho_i) (remark 3).
+        # rho_t clipped at rho_bar (eq. 1), c_i = lambda min(c_bar = 1, rho_i) (section 4.1, as in Retrace(lambda)).
         rho_clip = [rho[t] if clip_rho_threshold is None else min(clip_rho_threshold, rho[t]) for t in range(T)]
         c = [lambda_ * min(1.0, rho[i]) for i in range(T)]
         # delta_t V = rho_t (r_t + gamma V(x_{t+1}) - V(x_t))  (eq. 1), with a per-step gamma_t.
@@ -50,7 +50,7 @@ def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip
         v.append(bootstrap_value[index])  # v_T = V(x_T)
         for s in range(T):
             vs[(s, *index)] = v[s]
-            # rho_s (r_s + gamma v_{s+1} - V(x_s)), rho_s clipped at the pg threshold  (eq. 4).
+            # rho_s (r_s + gamma v_{s+1} - V(x_s)), rho_s clipped at the pg threshold  (section 4.2).
             rho_pg = rho[s] if clip_pg_rho_threshold is None else min(clip_pg_rho_threshold, rho[s])
             pg_advantages[(s, *index)] = rho_pg * (r[s] + gamma[s] * v[s + 1] - V[s])
     return vs, pg_advantages
@@ -99,7 +99,7 @@ def test_from_importance_weights_matches_reference_float32(shape):
 
 
 def test_on_policy_without_discount_ends_is_n_step_return():
-    # rho = 1 everywhere: v_s is the discounted return bootstrapped from V(x_T) (remark after eq. 1).
+    # rho = 1 everywhere: v_s is the discounted return bootstrapped from V(x_T) (section 4.1).
     T, gamma = 6, 0.9
     rewards = torch.arange(T, dtype=torch.float64).unsqueeze(1)  # [T, 1]
     values = torch.zeros(T, 1, dtype=torch.float64)
