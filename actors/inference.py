@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,8 +42,14 @@ def sample_actions(logits: torch.Tensor, generator: torch.Generator | None = Non
     return torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator).squeeze(-1)
 
 
+def _first_output(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    return model(obs)[0]
+
+
 class BatchedInference:
-    """``model(obs [B, ...]) -> (logits [B, A], ...)`` driving ``pool``."""
+    """``model`` driving ``pool``: ``policy(model, obs [B, ...]) -> logits [B, A]``, by
+    default ``model(obs)[0]`` (for ``learners.ActorCritic``, which is time-major, pass
+    ``policy=lambda m, obs: m(obs[None]).policy_logits[0]``)."""
 
     def __init__(
         self,
@@ -53,6 +59,7 @@ class BatchedInference:
         rollouts: RolloutWriter | None = None,
         weights: WeightStore | None = None,
         seed: int = 0,
+        policy: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = _first_output,
     ):
         if not pool.spec.discrete:
             raise ValueError(f"BatchedInference samples discrete actions; {pool.spec.env_id!r} has {pool.spec.describe_actions()}")
@@ -61,6 +68,7 @@ class BatchedInference:
         self.model = model.to(self.device).eval()
         self.rollouts = rollouts
         self.weights = weights
+        self.policy = policy
         self._version = 0
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._wait_ns = self._infer_ns = self._rollout_ns = 0
@@ -76,7 +84,7 @@ class BatchedInference:
             self._version = self.weights.pull(self.model, newer_than=self._version)
         with torch.inference_mode():
             obs = torch.from_numpy(batch.obs).to(self.device, non_blocking=True)  # [B/2, *obs_shape], no copy on CPU
-            logits = self.model(obs)[0]
+            logits = self.policy(self.model, obs)  # [B/2, A]
             actions = sample_actions(logits, self._generator).cpu().numpy()
             logits = logits.float().cpu().numpy()
         batch.action[:] = actions

@@ -1,0 +1,300 @@
+"""IMPALA (V-trace) on Atari with shmpad: the project's main job.
+
+    python -m bench.impala                                  # a short Pong run (about 2 minutes on 2 cores)
+    python -m bench.impala --env ALE/Breakout-v5 --total-frames 50_000_000 --model deep
+    python -m bench.impala --env CartPole-v1 --model mlp    # any gymnasium id
+    python -m bench.impala --resume                          # continue from --out's checkpoint
+
+The program, in shmpad's Launchpad API:
+
+    actor/i  (one process each)  an EnvPool of forked env workers (observations written
+                                  straight into shared slots) + batched inference of the
+                                  policy; finished unrolls [T+1] go into the trajectory ring
+    trajectories                  a RingNode of typed [T+1, ...] slots (shared memory)
+    weights                       a WeightStoreNode: the learner publishes, actors pull
+    learner                       get_batch(B) -> [T+1, B] zero-copy tensors, V-trace,
+                                  one optimiser step, publish; logs, CSV, PNG, checkpoints
+
+Every ``--log-interval`` seconds the learner prints one line: frames, frames/s, learner
+steps/s, the mean true return of the last 100 episodes, how full the trajectory ring is
+and the share of time the learner waited for data. ``--out`` gets ``log.csv``,
+``curve.png`` and ``checkpoint.pt``. For a full Atari run use ``--total-frames 50_000_000``
+(or more), ``--model deep``, ``--full-action-space`` and as many actors and workers
+as the machine has cores; ``--device cuda`` puts inference and the learner on a GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+import shmpad as lp
+from actors import EnvConfig, EnvPool
+from actors.inference import BatchedInference
+from actors.rollout import RolloutWriter, trajectory_spec
+from bench.cli import parser_for
+from learners import make_model
+from learners.learner import Learner, LearnerConfig
+from shmpad import Closed, Timeout
+
+
+@dataclass
+class Args:
+    env: str = "ALE/Pong-v5"
+    """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
+    model: str = "shallow"
+    """'shallow' (Nature CNN), 'deep' (IMPALA ResNet) or 'mlp' (vector observations)"""
+    total_frames: int = 300_000
+    """stop after this many environment frames (frame skip counted)"""
+    unroll_length: int = 20
+    """T: steps per unroll"""
+    batch_size: int = 32
+    """B: unrolls per learner update"""
+    num_actors: int = 1
+    """actor nodes, each with its own env workers and batched inference"""
+    num_workers: int = 2
+    """env worker processes per actor"""
+    envs_per_worker: int = 16
+    """environments each worker steps"""
+    optimizer: str = "adam"
+    """'adam' or 'rmsprop'"""
+    learning_rate: float = 6e-4
+    """initial learning rate, decayed linearly to 0 over total_frames"""
+    entropy_cost: float = 6e-4
+    """weight of the entropy bonus"""
+    baseline_cost: float = 0.5
+    """weight of the baseline loss"""
+    discount: float = 0.99
+    """gamma"""
+    reward_clip: float = 1.0
+    """clip rewards to [-c, c] for the learner (0: no clipping)"""
+    grad_norm_clip: float = 40.0
+    """clip the gradient norm (0: no clipping)"""
+    reduction: str = "mean"
+    """loss reduction over time and batch: 'mean' (moolib) or 'sum' (torchbeast)"""
+    full_action_space: bool = False
+    """Atari: all 18 actions instead of the game's minimal set"""
+    queue_slots: int = 0
+    """trajectory ring slots (0: 4 batches)"""
+    device: str = "cpu"
+    """'cpu' or 'cuda': where inference and the learner run"""
+    learner_threads: int = 1
+    """torch threads of the learner (actors use 1)"""
+    seed: int = 0
+    """seeds every environment and the networks"""
+    out: str = "runs/impala"
+    """folder for log.csv, curve.png and checkpoint.pt"""
+    log_interval: float = 5.0
+    """seconds between progress lines"""
+    checkpoint_minutes: float = 10.0
+    """minutes between checkpoints (also written at the end)"""
+    resume: bool = False
+    """continue from the checkpoint in --out, with its optimiser state"""
+    launch_type: str = "local_mp"
+    """shmpad launch type"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = parser_for(Args, "python -m bench.impala", __doc__.split("\n\n")[0])
+    args = Args(**vars(parser.parse_args(argv)))
+    if args.model not in ("shallow", "deep", "mlp"):
+        parser.error(f"--model must be 'shallow', 'deep' or 'mlp', got {args.model!r}")
+    if args.total_frames < 1:
+        parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    return args
+
+
+def env_config(args: Args) -> EnvConfig:
+    return EnvConfig(
+        args.env,
+        full_action_space=args.full_action_space,
+        reward_clip=None,  # the learner clips; episode returns stay true either way
+    )
+
+
+def build_model(args: Args, obs_shape, num_actions: int):
+    torch.manual_seed(args.seed)
+    return make_model(args.model, obs_shape, num_actions)
+
+
+def act(model, obs):
+    return model(obs[None]).policy_logits[0]  # [B, A]
+
+
+# -- the actor node ----------------------------------------------------------------------
+
+
+def run_actor(args: Args, index: int, trajectories, weights) -> None:
+    torch.set_num_threads(1)
+    pool = EnvPool(env_config(args), args.num_workers, args.envs_per_worker, seed=args.seed + 1_000_003 * index)
+    try:
+        model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
+        writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
+        inference = BatchedInference(pool, model, args.device, writer, weights, seed=args.seed + index, policy=act)
+        stop = lp.stop_event()
+        while not stop.is_set():
+            try:
+                inference.step(timeout=1.0)
+            except Timeout:
+                continue
+    except Closed:
+        pass  # the program stopped: the trajectory ring was closed under us
+    finally:
+        pool.close()
+
+
+# -- the learner node --------------------------------------------------------------------
+
+CSV_COLUMNS = ["frames", "seconds", "fps", "mean_return", "episodes", "learner_steps", "steps_per_s", "queue_fill", "wait_fraction", "learning_rate", "loss"]
+
+
+def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
+    torch.set_num_threads(args.learner_threads)
+    os.makedirs(args.out, exist_ok=True)
+    checkpoint = os.path.join(args.out, "checkpoint.pt")
+    config = LearnerConfig(
+        batch_size=args.batch_size,
+        discount=args.discount,
+        reward_clip=args.reward_clip or None,
+        baseline_cost=args.baseline_cost,
+        entropy_cost=args.entropy_cost,
+        grad_norm_clip=args.grad_norm_clip or None,
+        optimizer=args.optimizer,
+        learning_rate=args.learning_rate,
+        reduction=args.reduction,
+        total_frames=args.total_frames,
+        frames_per_step=frames_per_step,
+    )
+    learner = Learner(build_model(args, obs_shape, num_actions), trajectories, config, weights, args.device)
+    seconds_before = 0.0
+    if args.resume and os.path.exists(checkpoint):
+        learner.load(checkpoint)
+        seconds_before = _last_seconds(os.path.join(args.out, "log.csv"))
+        print(f"resumed from {checkpoint} at {learner.frames} frames", flush=True)
+    log_path = os.path.join(args.out, "log.csv")
+    new_log = not (args.resume and os.path.exists(log_path))
+    stop = lp.stop_event()
+    with open(log_path, "w" if new_log else "a", newline="") as f:
+        log = csv.DictWriter(f, CSV_COLUMNS)
+        if new_log:
+            log.writeheader()
+        start = time.monotonic()
+        last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
+        last_checkpoint = start
+        while learner.frames < args.total_frames and not stop.is_set():
+            try:
+                learner.step(timeout=1.0)
+            except Timeout:
+                pass
+            now = time.monotonic()
+            if now - last["t"] >= args.log_interval or learner.frames >= args.total_frames:
+                row = _progress(learner, trajectories, last, now, seconds_before + now - start)
+                log.writerow(row)
+                f.flush()
+                print(_line(row), flush=True)
+            if now - last_checkpoint >= 60 * args.checkpoint_minutes:
+                learner.save(checkpoint)
+                last_checkpoint = now
+        learner.save(checkpoint)
+    _plot(log_path, os.path.join(args.out, "curve.png"), args.env)
+    print(f"done: {learner.frames} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}", flush=True)
+    lp.stop()
+
+
+def _progress(learner: Learner, trajectories, last: dict, now: float, seconds: float) -> dict:
+    s = learner.statistics()
+    dt = max(now - last["t"], 1e-9)
+    ring = trajectories.statistics()
+    row = {
+        "frames": s.frames,
+        "seconds": round(seconds, 2),
+        "fps": round((s.frames - last["frames"]) / dt, 1),
+        "mean_return": "" if math.isnan(s.mean_return) else round(s.mean_return, 3),
+        "episodes": s.episodes,
+        "learner_steps": s.steps,
+        "steps_per_s": round((s.steps - last["steps"]) / dt, 3),
+        "queue_fill": round(ring.size / ring.capacity, 3),
+        "wait_fraction": round((s.wait_seconds - last["wait"]) / dt, 3),
+        "learning_rate": f"{s.learning_rate:.3g}",
+        "loss": round(s.last_loss.get("total", float("nan")), 4),
+    }
+    last.update(t=now, frames=s.frames, steps=s.steps, wait=s.wait_seconds)
+    return row
+
+
+def _line(row: dict) -> str:
+    ret = "-" if row["mean_return"] == "" else f"{row['mean_return']:.2f}"
+    return (
+        f"frames {row['frames']:>10,}  fps {row['fps']:>8,.0f}  learner steps/s {row['steps_per_s']:6.2f}  "
+        f"return(100) {ret:>7}  episodes {row['episodes']:>6}  queue {row['queue_fill']:4.0%}  "
+        f"waiting {row['wait_fraction']:4.0%}"
+    )
+
+
+def _last_seconds(log_path: str) -> float:
+    try:
+        with open(log_path) as f:
+            rows = list(csv.DictReader(f))
+        return float(rows[-1]["seconds"]) if rows else 0.0
+    except (OSError, KeyError, ValueError):
+        return 0.0
+
+
+def _plot(log_path: str, png_path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(log_path) as f:
+        rows = [r for r in csv.DictReader(f) if r["mean_return"] != ""]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot([int(r["frames"]) for r in rows], [float(r["mean_return"]) for r in rows])
+    ax.set_xlabel("environment frames")
+    ax.set_ylabel("mean return (last 100 episodes)")
+    ax.set_title(f"IMPALA on {title}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+
+
+# -- the program -------------------------------------------------------------------------
+
+
+def build_program(args: Args) -> lp.Program:
+    spec = env_config(args).spec()  # also compiles the preprocessing kernels before the fork
+    if not spec.discrete:
+        raise SystemExit(f"bench.impala needs discrete actions; {args.env!r} has {spec.describe_actions()}")
+    frames_per_step = 4 if spec.env_id.startswith("ALE/") else 1
+    traj = trajectory_spec(spec, args.unroll_length)
+    program = lp.Program("impala")
+    trajectories = program.add_node(lp.RingNode(args.queue_slots or 4 * args.batch_size, spec=traj, multi=True), "trajectories")
+    weights = program.add_node(lp.WeightStoreNode(build_model(args, spec.obs_shape, spec.num_actions)), "weights")
+    with program.group("actor"):
+        for i in range(args.num_actors):
+            program.add_node(lp.PyNode(run_actor, args, i, trajectories, weights))
+    program.add_node(
+        lp.PyNode(run_learner, args, spec.obs_shape, spec.num_actions, frames_per_step, trajectories, weights), "learner"
+    )
+    return program
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(f"IMPALA on {args.env}: {dataclasses.asdict(args)}", flush=True)
+    program = build_program(args)
+    manager = lp.launch(program, launch_type=args.launch_type)
+    manager.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The IMPALA learner: batches of unrolls from a trajectory ring, V-trace, one
+optimiser step, new weights to the weight store.
+
+A batch is ``ring.get_batch(B, torch=True)``: zero-copy ``[B, T+1, ...]`` views of
+the ring's slots, made time-major ``[T+1, B, ...]`` by a transpose (no copy on
+the CPU; on a GPU one pinned copy, moved asynchronously). The slots go back to
+the ring once the backward pass no longer needs them. Rows follow
+``actors.rollout``: row ``t`` holds the observation, the action taken from it
+and its behaviour logits, and the reward and done that came *with* it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+from learners.loss import ImpalaLoss, impala_loss
+from learners.models import ActorCritic
+from shmpad.ringbuf import TypedRing, WeightStore
+
+__all__ = ["LearnerConfig", "Learner", "LearnerStatistics"]
+
+
+@dataclass
+class LearnerConfig:
+    """Loss and optimisation; defaults from moolib's and the paper's Atari setups."""
+
+    batch_size: int = 32
+    """unrolls per update (B)"""
+    discount: float = 0.99
+    """gamma"""
+    reward_clip: float | None = 1.0
+    """clip the learner's rewards to [-c, c] (None: no clipping)"""
+    baseline_cost: float = 0.5
+    """weight of the baseline loss"""
+    entropy_cost: float = 6e-4
+    """weight of the entropy bonus"""
+    grad_norm_clip: float | None = 40.0
+    """clip the global gradient norm (None: no clipping)"""
+    optimizer: Literal["adam", "rmsprop"] = "adam"
+    """the optimiser"""
+    learning_rate: float = 6e-4
+    """initial learning rate, decayed linearly to 0 over total_frames"""
+    adam_eps: float = 1e-8
+    """Adam's epsilon"""
+    rmsprop_alpha: float = 0.99
+    """RMSProp's smoothing constant"""
+    rmsprop_eps: float = 0.01
+    """RMSProp's epsilon (torchbeast's Atari setting)"""
+    rmsprop_momentum: float = 0.0
+    """RMSProp's momentum"""
+    reduction: Literal["sum", "mean"] = "mean"
+    """how the loss reduces over time and batch: "mean" (moolib) or "sum" (torchbeast)"""
+    total_frames: int = 0
+    """frames over which the learning rate decays to 0 (0: no decay)"""
+    frames_per_step: int = 1
+    """environment frames per agent step (the frame skip: 4 on Atari)"""
+
+    def check(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        if self.optimizer not in ("adam", "rmsprop"):
+            raise ValueError(f"optimizer must be 'adam' or 'rmsprop', got {self.optimizer!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.grad_norm_clip is not None and not self.grad_norm_clip > 0:
+            raise ValueError(f"grad_norm_clip must be > 0 or None, got {self.grad_norm_clip!r}")
+        if self.total_frames < 0:
+            raise ValueError(f"total_frames must be >= 0, got {self.total_frames!r}")
+        if self.frames_per_step < 1:
+            raise ValueError(f"frames_per_step must be >= 1, got {self.frames_per_step!r}")
+
+
+@dataclass(frozen=True)
+class LearnerStatistics:
+    steps: int
+    frames: int
+    episodes: int
+    mean_return: float
+    """mean true return of the last 100 episodes (nan before the first)"""
+    wait_seconds: float
+    """time spent waiting for batches"""
+    update_seconds: float
+    """time spent in forward, backward and the optimiser"""
+    learning_rate: float
+    last_loss: dict
+
+
+class Learner:
+    """Trains ``model`` on batches from ``ring`` and publishes it to ``weights``."""
+
+    def __init__(
+        self,
+        model: ActorCritic,
+        ring: TypedRing,
+        config: LearnerConfig,
+        weights: WeightStore | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        config.check()
+        if model.use_lstm:
+            raise ValueError(
+                "the learner trains feed-forward models: the trajectory slots carry no LSTM state "
+                "(make_model(..., use_lstm=False))"
+            )
+        self.model = model.to(device).train()
+        self.ring = ring
+        self.config = config
+        self.weights = weights
+        self.device = torch.device(device)
+        self.unroll_length = next(iter(ring.spec.values()))[1][0] - 1
+        if config.optimizer == "adam":
+            self.optimizer: torch.optim.Optimizer = torch.optim.Adam(
+                model.parameters(), lr=config.learning_rate, eps=config.adam_eps
+            )
+        else:
+            self.optimizer = torch.optim.RMSprop(
+                model.parameters(),
+                lr=config.learning_rate,
+                alpha=config.rmsprop_alpha,
+                eps=config.rmsprop_eps,
+                momentum=config.rmsprop_momentum,
+            )
+        self.frames_per_update = config.batch_size * self.unroll_length * config.frames_per_step
+        total_updates = math.ceil(config.total_frames / self.frames_per_update) if config.total_frames else 0
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: max(0.0, 1.0 - step / total_updates) if total_updates else 1.0
+        )
+        self.steps = 0
+        self.frames = 0
+        self.episodes = 0
+        self.returns: collections.deque[float] = collections.deque(maxlen=100)
+        self._wait_s = 0.0
+        self._update_s = 0.0
+        self._last_loss: dict = {}
+        if weights is not None:
+            weights.publish(self.model)
+
+    def step(self, timeout: float | None = None) -> ImpalaLoss:
+        """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``)."""
+        t0 = time.perf_counter()
+        batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
+        t1 = time.perf_counter()
+        try:
+            loss = self.update({k: v.transpose(0, 1) for k, v in batch.items()})  # [T+1, B, ...]
+        finally:
+            self.ring.release()
+        self._wait_s += t1 - t0
+        self._update_s += time.perf_counter() - t1
+        return loss
+
+    def update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        """One optimiser step on a time-major batch ``{field: [T+1, B, ...]}``."""
+        if self.device.type != "cpu":
+            batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        self._count_episodes(batch)
+        done = batch["done"].bool()  # [T+1, B]
+        out = self.model(batch["obs"], done)  # logits [T+1, B, A], baseline [T+1, B]
+        loss = impala_loss(
+            behaviour_logits=batch["logits"][:-1],  # [T, B, A]
+            target_logits=out.policy_logits[:-1],
+            actions=batch["action"][:-1].long(),  # [T, B]
+            rewards=batch["reward"][1:],  # [T, B]: what each action earned
+            done=done[1:],
+            values=out.baseline[:-1],
+            bootstrap_value=out.baseline[-1],  # [B]
+            discount=self.config.discount,
+            reward_clip=self.config.reward_clip,
+            baseline_cost=self.config.baseline_cost,
+            entropy_cost=self.config.entropy_cost,
+            reduction=self.config.reduction,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.total.backward()
+        if self.config.grad_norm_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        self.frames += self.frames_per_update
+        self._last_loss = {k: float(v.detach()) for k, v in loss._asdict().items()}
+        if self.weights is not None:
+            self.weights.publish(self.model)
+        return loss
+
+    def _count_episodes(self, batch: dict[str, torch.Tensor]) -> None:
+        # rows 1..T: row 0 repeats the previous unroll's last row
+        ended = batch["episode_end"][1:].bool()
+        if ended.any():
+            returns = batch["episode_return"][1:][ended]
+            self.returns.extend(returns.tolist())
+            self.episodes += int(ended.sum())
+
+    def statistics(self) -> LearnerStatistics:
+        mean = sum(self.returns) / len(self.returns) if self.returns else float("nan")
+        return LearnerStatistics(
+            self.steps,
+            self.frames,
+            self.episodes,
+            mean,
+            self._wait_s,
+            self._update_s,
+            self.optimizer.param_groups[0]["lr"],
+            dict(self._last_loss),
+        )
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+            "frames": self.frames,
+            "episodes": self.episodes,
+            "returns": list(self.returns),
+            "config": asdict(self.config),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
+        self.frames = int(state["frames"])
+        self.episodes = int(state["episodes"])
+        self.returns = collections.deque(state["returns"], maxlen=100)
+        if self.weights is not None:
+            self.weights.publish(self.model)
+
+    def save(self, path: str) -> None:
+        """Write a checkpoint atomically (a crash mid-write leaves the previous one)."""
+        tmp = f"{path}.tmp.{os.getpid()}"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)
+
+    def load(self, path: str) -> None:
+        self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
