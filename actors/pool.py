@@ -31,7 +31,7 @@ from actors.env import EnvConfig, EnvSpec
 from actors.errors import EnvWorkerError
 from actors.slots import PoolSlots
 from actors.supervisor import WorkerProcess, describe_status, fork_worker
-from actors.sync import load, load_stats, publish_all, store, wait_all, wake, warm_up
+from actors.sync import copy_actions, count_short, load, load_stats, publish_all, spins_for, store, wait_all, wake, warm_up
 from actors.worker import WorkerArgs, run_worker
 from shmpad.errors import Closed, Timeout
 from shmpad.ringbuf import janitor
@@ -88,7 +88,7 @@ class EnvPool:
     or 1. Environment ``i`` is seeded from ``(seed, i)``, so the same seed gives the
     same episodes for any number of workers. ``restarts`` is how many failed workers
     the pool may replace before it gives up; ``spins`` how long a waiter spins before
-    it sleeps.
+    it sleeps (when its previous wait was short, see ``actors.sync``).
     """
 
     def __init__(
@@ -137,6 +137,7 @@ class EnvPool:
         self._closed = False
         self._batches = 0
         self._recv_wait_ns = 0
+        self._last_wait_ns = 0
         self._restarts = 0
         self._failures: list[str] = []
         self._progress = [(-1, time.monotonic())] * self.num_workers  # (steps seen, when it changed)
@@ -161,14 +162,18 @@ class EnvPool:
             raise RuntimeError("recv() called again before send() answered the previous batch")
         h = self._next_half
         slots, target = self._slots, self._sent[h] + 1
-        t0 = time.perf_counter_ns()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while wait_all(slots.words, slots.obs_count[h], target, slots.half_ev[h], self.spins, _SLICE_NS) != 0:
-            self._supervise(h, target)
-            if deadline is not None and time.monotonic() >= deadline:
-                late = [w for w in range(self.num_workers) if load(slots.words, slots.obs_count[h][w]) < target]
-                raise Timeout(f"recv timed out after {timeout} s: workers {late} have not stepped half {h}")
-        self._recv_wait_ns += time.perf_counter_ns() - t0
+        if count_short(slots.words, slots.obs_count[h], target) != 0:
+            t0 = time.perf_counter_ns()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            spins = spins_for(self.spins, self._last_wait_ns)
+            while wait_all(slots.words, slots.obs_count[h], target, slots.half_ev[h], spins, _SLICE_NS) != 0:
+                spins = 0  # woken by a slice: this wait is long
+                self._supervise(h, target)
+                if deadline is not None and time.monotonic() >= deadline:
+                    late = [w for w in range(self.num_workers) if load(slots.words, slots.obs_count[h][w]) < target]
+                    raise Timeout(f"recv timed out after {timeout} s: workers {late} have not stepped half {h}")
+            self._last_wait_ns = time.perf_counter_ns() - t0
+            self._recv_wait_ns += self._last_wait_ns
         self._batches += 1
         self._holding = self._batch_views[h]
         return self._holding
@@ -182,10 +187,25 @@ class EnvPool:
         batch = self._holding
         if batch is None:
             raise RuntimeError("send() without a recv(): there is no batch to answer")
-        if actions is not None:
-            np.copyto(batch.action, self._check_actions(actions, batch), casting="unsafe")
+        if actions is None:
+            actions = batch.action  # written in place by the caller: checked, copied onto itself
+        elif type(actions).__module__.startswith("torch"):
+            actions = actions.detach().cpu().numpy()
+        if (
+            self.spec.discrete
+            and type(actions) is np.ndarray
+            and actions.dtype == batch.action.dtype
+            and actions.shape == batch.action.shape
+            and actions.flags.c_contiguous
+        ):
+            # The common case in one compiled call: the numpy checks cost more than the copy.
+            bad = copy_actions(actions, batch.action, self.spec.num_actions)
+            if bad >= 0:
+                raise ValueError(self._out_of_range(actions, bad, batch))
+        elif actions is batch.action:
+            self._check_actions(actions, batch)
         else:
-            self._check_actions(batch.action, batch)
+            np.copyto(batch.action, self._check_actions(actions, batch), casting="unsafe")
         h = batch.half
         self._sent[h] += 1
         self._holding = None
@@ -195,8 +215,6 @@ class EnvPool:
 
     def _check_actions(self, actions: Any, batch: HalfBatch) -> np.ndarray:
         spec = self.spec
-        if type(actions).__module__.startswith("torch"):
-            actions = actions.detach().cpu().numpy()
         a = np.asarray(actions)
         want = (self.half_size, *spec.action_shape)
         if a.shape != want:
@@ -211,11 +229,11 @@ class EnvPool:
             flat = a.reshape(len(a), -1)
             bad = np.flatnonzero(~np.all(np.isfinite(flat) & (flat >= spec.action_low) & (flat <= spec.action_high), axis=1))
         if len(bad):
-            i = int(bad[0])
-            raise ValueError(
-                f"action {a[i].tolist()!r} for environment {batch.envs[i]} is out of range: {spec.describe_actions()}"
-            )
+            raise ValueError(self._out_of_range(a, int(bad[0]), batch))
         return a
+
+    def _out_of_range(self, a: np.ndarray, i: int, batch: HalfBatch) -> str:
+        return f"action {a[i].tolist()!r} for environment {batch.envs[i]} is out of range: {self.spec.describe_actions()}"
 
     # -- supervision -----------------------------------------------------------------
 

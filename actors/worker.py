@@ -2,7 +2,9 @@
 
 The worker serves its part of each half in turn: it waits until the pool has sent
 the half's actions (``ACT[w, h]`` reaches the worker's own count), steps those
-environments writing every result into their slots, and publishes ``OBS[w, h]``.
+environments writing every result into their slots, and publishes ``OBS[w, h]``,
+waking the pool only if that completed the half (the pool sleeps until the whole
+half is there, not once per worker).
 An environment whose true episode ended is reset at once; its slot then holds the
 first observation of the next episode, with the ended episode's statistics.
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from actors.env import EnvConfig, seed_sequence
 from actors.slots import PoolSlots
-from actors.sync import load, publish, store_stats, wait_all
+from actors.sync import count_short, load, publish_part, spins_for, store_stats, wait_all
 
 __all__ = ["WorkerArgs", "run_worker"]
 
@@ -55,15 +57,19 @@ def run_worker(slots: PoolSlots, args: WorkerArgs) -> None:
     count = [int(load(words, slots.obs_count[h][w])) for h in range(geo.halves)]
     reset_next = [True] * geo.halves
     own_act = [slots.act[h][w : w + 1] for h in range(geo.halves)]
-    steps = env_ns = wait_ns = 0
+    steps = env_ns = wait_ns = last_wait_ns = 0
     while True:
         for h in range(geo.halves):
             t0 = time.perf_counter_ns()
-            while wait_all(words, own_act[h], count[h], slots.worker_ev[w], args.spins, _SLICE_NS) != 0:
-                if load(words, slots.stop_word) != 0 or os.getppid() != args.parent_pid:
-                    for env in envs.values():
-                        env.close()
-                    return
+            if count_short(words, own_act[h], count[h]) != 0:
+                spins = spins_for(args.spins, last_wait_ns)
+                while wait_all(words, own_act[h], count[h], slots.worker_ev[w], spins, _SLICE_NS) != 0:
+                    spins = 0  # woken by a slice: this wait is long
+                    if load(words, slots.stop_word) != 0 or os.getppid() != args.parent_pid:
+                        for env in envs.values():
+                            env.close()
+                        return
+                last_wait_ns = time.perf_counter_ns() - t0
             t1 = time.perf_counter_ns()
             for e in halves[h]:
                 tot = totals[e]
@@ -90,7 +96,7 @@ def run_worker(slots: PoolSlots, args: WorkerArgs) -> None:
             env_ns += t2 - t1
             wait_ns += t1 - t0
             store_stats(words, slots.stats_word[w], steps, env_ns, wait_ns)
-            publish(words, slots.obs_count[h][w], count[h], slots.half_ev[h])
+            publish_part(words, slots.obs_count[h][w], count[h], slots.obs_count[h], slots.half_ev[h])
 
 
 def _call(fn, e: int, args: WorkerArgs, what: str, *a):
