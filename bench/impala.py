@@ -51,7 +51,7 @@ class Args:
     """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
     model: str = "shallow"
     """'shallow' (Nature CNN), 'deep' (IMPALA ResNet) or 'mlp' (vector observations)"""
-    total_frames: int = 300_000
+    total_frames: int = 200_000
     """stop after this many environment frames (frame skip counted)"""
     unroll_length: int = 20
     """T: steps per unroll"""
@@ -293,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     program = build_program(args)
     manager = lp.launch(program, launch_type=args.launch_type)
     manager.wait()
+    if args.total_frames < 10_000_000:
+        print(
+            "This was a short run. For a full one: --total-frames 50_000_000 --model deep --full-action-space, "
+            "--num-actors/--num-workers to fill the machine's cores, and --device cuda if there is a GPU.",
+            flush=True,
+        )
     return 0
 
 

@@ -1,0 +1,98 @@
+"""bench.impala end to end: CartPole learns through the whole stack (forked env
+workers, trajectory ring, weight store, learner), and a short Atari run writes its
+progress lines, CSV, picture and a checkpoint it can resume from."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from helpers import track_pid
+from learners import make_model
+
+
+def run_bench(*args: str, timeout: float) -> str:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.impala", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    track_pid(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"bench.impala did not finish in {timeout} s:\n{out.decode()[-3000:]}") from None
+    text = out.decode()
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+def read_log(out_dir) -> list[dict]:
+    with open(os.path.join(out_dir, "log.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_cartpole_learns_through_the_full_stack(tmp_path):
+    out = tmp_path / "cartpole"
+    run_bench(
+        "--env", "CartPole-v1", "--model", "mlp", "--total-frames", "500000", "--learning-rate", "0.005",
+        "--entropy-cost", "0.01", "--batch-size", "16", "--envs-per-worker", "8", "--log-interval", "5",
+        "--out", str(out), "--launch-type", "test_mp",
+        timeout=600,
+    )
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["frames"] >= 500_000
+    model = make_model("mlp", (4,), 2)
+    model.load_state_dict(state["model"])
+    env = gymnasium.make("CartPole-v1")
+    rng = np.random.default_rng(0)
+    returns = []
+    for episode in range(20):
+        obs, _ = env.reset(seed=1000 + episode)
+        total, over = 0.0, False
+        while not over:
+            with torch.no_grad():
+                logits = model(torch.as_tensor(obs, dtype=torch.float32)[None, None]).policy_logits[0, 0]
+            probs = torch.softmax(logits, -1).numpy().astype(np.float64)
+            action = int(rng.choice(2, p=probs / probs.sum()))  # the stochastic policy, not its argmax
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += reward
+            over = terminated or truncated
+        returns.append(total)
+    assert np.mean(returns) >= 400, f"mean return over 20 episodes {np.mean(returns):.1f}: {returns}"
+
+
+@pytest.mark.slow
+def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
+    out = tmp_path / "pong"
+    common = (
+        "--env", "ALE/Pong-v5", "--num-workers", "2", "--envs-per-worker", "2", "--batch-size", "4",
+        "--unroll-length", "10", "--log-interval", "1", "--out", str(out), "--launch-type", "test_mp",
+    )
+    text = run_bench(*common, "--total-frames", "2400", timeout=300)
+    assert "[learner/0] frames" in text and "fps" in text and "return(100)" in text and "queue" in text
+    rows = read_log(out)
+    assert rows and {"frames", "seconds", "fps", "mean_return"} <= set(rows[0])
+    assert int(rows[-1]["frames"]) >= 2400
+    with open(out / "curve.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    first = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert first["frames"] >= 2400 and first["optimizer"]["state"]  # Adam's moments are saved
+    text = run_bench(*common, "--total-frames", "4800", "--resume", timeout=300)
+    assert f"resumed from {out / 'checkpoint.pt'} at {first['frames']} frames" in text
+    rows2 = read_log(out)
+    assert len(rows2) > len(rows) and int(rows2[-1]["frames"]) >= 4800
+    assert float(rows2[len(rows)]["seconds"]) >= float(rows[-1]["seconds"])  # time continues too
