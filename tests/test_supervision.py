@@ -59,7 +59,7 @@ def test_output_is_prefixed_and_the_launcher_waits_at_exit(tmp_path):
             for i in range(2):
                 program.add_node(lp.PyNode(hello, i))
         lp.launch(program)
-        print("launch returned")
+        sys.stdout.write("launch returned" + chr(10))  # one write: print() makes two
         """,
     )
     code, out, err = finish(proc)
