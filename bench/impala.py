@@ -99,6 +99,8 @@ class Args:
     """continue from the checkpoint in --out, with its optimiser state"""
     launch_type: str = "local_mp"
     """shmpad launch type"""
+    report_throughput: bool = False
+    """instead of training: measure the learner's framework cost and the pipeline's frames/s next to the actor ceiling (bench.impala_throughput)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -289,6 +291,11 @@ def build_program(args: Args) -> lp.Program:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report_throughput:
+        from bench.impala_throughput import run
+
+        run(args)
+        return 0
     print(f"IMPALA on {args.env}: {dataclasses.asdict(args)}", flush=True)
     program = build_program(args)
     manager = lp.launch(program, launch_type=args.launch_type)
