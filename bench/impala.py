@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -126,42 +127,8 @@ def build_model(args: Args, obs_shape, num_actions: int):
     return make_model(args.model, obs_shape, num_actions)
 
 
-def act(model, obs):
-    return model(obs[None]).policy_logits[0]  # [B, A]
-
-
-# -- the actor node ----------------------------------------------------------------------
-
-
-def run_actor(args: Args, index: int, trajectories, weights) -> None:
-    torch.set_num_threads(1)
-    pool = EnvPool(env_config(args), args.num_workers, args.envs_per_worker, seed=args.seed + 1_000_003 * index)
-    try:
-        model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
-        writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
-        inference = BatchedInference(pool, model, args.device, writer, weights, seed=args.seed + index, policy=act)
-        stop = lp.stop_event()
-        while not stop.is_set():
-            try:
-                inference.step(timeout=1.0)
-            except Timeout:
-                continue
-    except Closed:
-        pass  # the program stopped: the trajectory ring was closed under us
-    finally:
-        pool.close()
-
-
-# -- the learner node --------------------------------------------------------------------
-
-CSV_COLUMNS = ["frames", "seconds", "fps", "mean_return", "episodes", "learner_steps", "steps_per_s", "queue_fill", "wait_fraction", "learning_rate", "loss"]
-
-
-def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
-    torch.set_num_threads(args.learner_threads)
-    os.makedirs(args.out, exist_ok=True)
-    checkpoint = os.path.join(args.out, "checkpoint.pt")
-    config = LearnerConfig(
+def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
+    return LearnerConfig(
         batch_size=args.batch_size,
         discount=args.discount,
         reward_clip=args.reward_clip or None,
@@ -174,7 +141,66 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         total_frames=args.total_frames,
         frames_per_step=frames_per_step,
     )
-    learner = Learner(build_model(args, obs_shape, num_actions), trajectories, config, weights, args.device)
+
+
+def act(model, obs):
+    return model(obs[None]).policy_logits[0]  # [B, A]
+
+
+# -- the actor node ----------------------------------------------------------------------
+
+
+ACTOR_STATS_S = 0.5
+"""how often an actor sends its statistics when the program has a stats ring"""
+
+
+def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None:
+    torch.set_num_threads(1)
+    pool = EnvPool(env_config(args), args.num_workers, args.envs_per_worker, seed=args.seed + 1_000_003 * index)
+    try:
+        model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
+        writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
+        inference = BatchedInference(pool, model, args.device, writer, weights, seed=args.seed + index, policy=act)
+        stop = lp.stop_event()
+        next_report = time.monotonic()
+        while not stop.is_set():
+            try:
+                inference.step(timeout=1.0)
+            except Timeout:
+                continue
+            if stats is not None and time.monotonic() >= next_report:
+                next_report = time.monotonic() + ACTOR_STATS_S
+                _send_stats(stats, pool, inference)
+    except Closed:
+        pass  # the program stopped: the trajectory ring was closed under us
+    finally:
+        pool.close()
+
+
+def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
+    """One JSON message of the actor's and its pool's counters (dropped if nobody reads)."""
+    p, s = pool.statistics(), inference.statistics()
+    message = {
+        "pid": os.getpid(), "t": time.monotonic(), "frames": p.frames, "env_s": sum(p.worker_env_seconds),
+        "wait_s": sum(p.worker_wait_seconds), "batches": s.batches, "inf_wait_s": s.wait_seconds,
+        "inf_s": s.inference_seconds, "rollout_s": s.rollout_seconds,
+    }
+    try:
+        stats.put_nowait(json.dumps(message).encode())
+    except lp.WouldBlock:
+        pass
+
+
+# -- the learner node --------------------------------------------------------------------
+
+CSV_COLUMNS = ["frames", "seconds", "fps", "mean_return", "episodes", "learner_steps", "steps_per_s", "queue_fill", "wait_fraction", "learning_rate", "loss"]
+
+
+def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
+    torch.set_num_threads(args.learner_threads)
+    os.makedirs(args.out, exist_ok=True)
+    checkpoint = os.path.join(args.out, "checkpoint.pt")
+    learner = Learner(build_model(args, obs_shape, num_actions), trajectories, learner_config(args, frames_per_step), weights, args.device)
     seconds_before = 0.0
     if args.resume and os.path.exists(checkpoint):
         learner.load(checkpoint)
@@ -271,7 +297,9 @@ def _plot(log_path: str, png_path: str, title: str) -> None:
 # -- the program -------------------------------------------------------------------------
 
 
-def build_program(args: Args) -> lp.Program:
+def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp.Handle | None]:
+    """The program, and with ``actor_stats`` the handle of a byte ring on which every
+    actor sends its statistics as JSON (``bench.impala_throughput`` reads them)."""
     spec = env_config(args).spec()  # also compiles the preprocessing kernels before the fork
     if not spec.discrete:
         raise SystemExit(f"bench.impala needs discrete actions; {args.env!r} has {spec.describe_actions()}")
@@ -280,13 +308,14 @@ def build_program(args: Args) -> lp.Program:
     program = lp.Program("impala")
     trajectories = program.add_node(lp.RingNode(args.queue_slots or 4 * args.batch_size, spec=traj, multi=True), "trajectories")
     weights = program.add_node(lp.WeightStoreNode(build_model(args, spec.obs_shape, spec.num_actions)), "weights")
+    stats = program.add_node(lp.RingNode(256, slot_size=1024), "actor_stats") if actor_stats else None
     with program.group("actor"):
         for i in range(args.num_actors):
-            program.add_node(lp.PyNode(run_actor, args, i, trajectories, weights))
+            program.add_node(lp.PyNode(run_actor, args, i, trajectories, weights, stats))
     program.add_node(
         lp.PyNode(run_learner, args, spec.obs_shape, spec.num_actions, frames_per_step, trajectories, weights), "learner"
     )
-    return program
+    return program, stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
         return 0
     print(f"IMPALA on {args.env}: {dataclasses.asdict(args)}", flush=True)
-    program = build_program(args)
+    program, _ = build_program(args)
     manager = lp.launch(program, launch_type=args.launch_type)
     manager.wait()
     if args.total_frames < 10_000_000:

@@ -17,10 +17,10 @@ per-round ratios. Only ratios within one run count.
 2. Whole pipeline. bench.impala's own ``build_program`` launched (``test_mp``) for
    ``--total-frames`` frames with a temporary ``--out``, next to bench.actors' ``ceiling``
    subject (raw stepping with the same preprocessing, one process per env worker, the
-   same number of environments) counted for as long as the pipeline's window. For
-   this measurement the actors' ``BatchedInference`` is a subclass that also sends its
-   statistics and its pool's (``PoolStatistics``) to the launcher through a small byte
-   ring every ``REPORT_S`` s; the learner's come from its ``log.csv``. Everything is
+   same number of environments) counted for as long as the pipeline's window. The
+   program is built with ``actor_stats``: every actor sends its statistics and its
+   pool's (``PoolStatistics``) to the launcher through a small byte ring; the
+   learner's come from its ``log.csv``. Everything is
    counted over the second half of each run (the first half starts processes and
    fills the trajectory ring). Target: env workers >= 80% busy (env seconds /
    (env + wait seconds)) when the learner is not the bottleneck.
@@ -40,35 +40,22 @@ import itertools
 import json
 import os
 import platform
-import select
 import statistics
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
 
 import shmpad as lp
-from actors.inference import BatchedInference
-from actors.rollout import trajectory_spec
 from bench import impala
-from learners.learner import Learner, LearnerConfig
-from learners.loss import impala_loss
-from shmpad.ringbuf import MPMCRing, TypedRing, WeightStore, janitor
+from bench.impala_learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS, in_child
+from shmpad.ringbuf import janitor
 
 __all__ = ["run"]
 
 ROUNDS = 3
-LEARNER_SECONDS = 4.0
-"""counted seconds of each learner measurement (after WARMUP_UPDATES)"""
-WARMUP_UPDATES = 2
 QUICK_FRAMES = 40_000
-REPORT_S = 0.5
-"""how often each actor sends its statistics"""
 LEARNER_TARGET = 0.90
 BUSY_TARGET = 0.80
 LEARNER_BOUND_WAIT = 0.10
@@ -90,7 +77,7 @@ def run(args: Any) -> dict:
     bare, ring, per_round = [], [], []
     for r in range(ROUNDS):
         order = ("bare", "ring") if r % 2 == 0 else ("ring", "bare")
-        got = {name: _in_child(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120) for name in order}
+        got = {name: in_child(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120) for name in order}
         bare.append(got["bare"])
         ring.append(got["ring"])
         per_round.append(got["ring"]["updates_per_s"] / got["bare"]["updates_per_s"])
@@ -148,239 +135,32 @@ def _median(rows: list[dict], key: str) -> float:
     return round(statistics.median(r[key] for r in rows), 4)
 
 
-# -- 1. the learner: a bare torch loop and Learner.step() from a ring ---------------------
-
-
-def _learner_config(args: Any, frames_per_step: int) -> LearnerConfig:
-    return LearnerConfig(
-        batch_size=args.batch_size,
-        discount=args.discount,
-        reward_clip=args.reward_clip or None,
-        baseline_cost=args.baseline_cost,
-        entropy_cost=args.entropy_cost,
-        grad_norm_clip=args.grad_norm_clip or None,
-        optimizer=args.optimizer,
-        learning_rate=args.learning_rate,
-        reduction=args.reduction,
-        total_frames=args.total_frames,
-        frames_per_step=frames_per_step,
-    )
-
-
-def _prepared_unroll(args: Any, spec) -> dict[str, np.ndarray]:
-    """One plausible unroll of every trajectory field ([T+1, ...]), seeded."""
-    rng = np.random.default_rng(args.seed)
-    out = {}
-    for name, (dtype, shape) in trajectory_spec(spec, args.unroll_length).items():
-        dtype = np.dtype(dtype)
-        if name == "action":
-            a = rng.integers(0, spec.num_actions, shape)
-        elif name in ("done", "episode_end"):
-            a = rng.random(shape) < 0.05
-        elif dtype.kind == "f":
-            a = rng.standard_normal(shape)
-        else:
-            a = rng.integers(0, 256 if dtype == np.uint8 else 100, shape)
-        out[name] = a.astype(dtype)
-    return out
-
-
-def _updates_per_s(step: Callable[[], None]) -> tuple[float, float]:
-    for _ in range(WARMUP_UPDATES):
-        step()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < LEARNER_SECONDS:
-        step()
-        n += 1
-    elapsed = time.perf_counter() - start
-    return n / elapsed, elapsed
-
-
-def _bare_loop(args: Any, spec) -> dict:
-    torch.set_num_threads(args.learner_threads)
-    model = impala.build_model(args, spec.obs_shape, spec.num_actions).train()
-    config = _learner_config(args, 1)
-    if config.optimizer == "adam":
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
-    else:
-        optimizer = torch.optim.RMSprop(
-            model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps,
-            momentum=config.rmsprop_momentum,
-        )
-    unroll = _prepared_unroll(args, spec)
-    batch = {k: torch.from_numpy(np.stack([v] * args.batch_size, axis=1)) for k, v in unroll.items()}  # [T+1, B, ...]
-
-    def step() -> None:
-        done = batch["done"].bool()  # [T+1, B]
-        out = model(batch["obs"], done)
-        loss = impala_loss(
-            behaviour_logits=batch["logits"][:-1],
-            target_logits=out.policy_logits[:-1],
-            actions=batch["action"][:-1].long(),
-            rewards=batch["reward"][1:],
-            done=done[1:],
-            values=out.baseline[:-1],
-            bootstrap_value=out.baseline[-1],
-            discount=config.discount,
-            reward_clip=config.reward_clip,
-            baseline_cost=config.baseline_cost,
-            entropy_cost=config.entropy_cost,
-            reduction=config.reduction,
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.total.backward()
-        if config.grad_norm_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
-        optimizer.step()
-
-    rate, _ = _updates_per_s(step)
-    return {"updates_per_s": rate, "wait_share": 0.0}
-
-
-def _ring_learner(args: Any, spec) -> dict:
-    torch.set_num_threads(args.learner_threads)
-    traj = trajectory_spec(spec, args.unroll_length)
-    ring = TypedRing.create(traj, args.queue_slots or 4 * args.batch_size, multi=True)
-    model = impala.build_model(args, spec.obs_shape, spec.num_actions)
-    weights = WeightStore.create(model)
-    producer = _fork_producer(ring.name, _prepared_unroll(args, spec))
-    try:
-        learner = Learner(model, ring, _learner_config(args, 1), weights, args.device)
-        rate, _ = _updates_per_s(lambda: learner.step(timeout=60.0))
-        s = learner.statistics()
-        return {"updates_per_s": rate, "wait_share": s.wait_seconds / max(s.wait_seconds + s.update_seconds, 1e-9)}
-    finally:
-        ring.close()  # wakes the producer with Closed
-        os.waitpid(producer, 0)
-        weights.close()
-
-
-def _fork_producer(ring_name: str, unroll: dict[str, np.ndarray]) -> int:
-    """A process that keeps the ring full with copies of ``unroll`` until it is closed."""
-    parent = os.getpid()
-    pid = os.fork()
-    if pid:
-        return pid
-    try:
-        ring = TypedRing.attach(ring_name)
-        while os.getppid() == parent:
-            try:
-                slot = ring.reserve(timeout=1.0)
-            except lp.Timeout:
-                continue
-            for name, value in unroll.items():
-                slot[name][...] = value
-            ring.commit()
-    except lp.Closed:
-        pass
-    finally:
-        os._exit(0)
-
-
-LEARNER_SUBJECTS = {"bare": _bare_loop, "ring": _ring_learner}
-
-
-def _in_child(fn: Callable[[], dict], timeout: float) -> dict:
-    """``fn()`` in a forked process tree of its own; its result, or RuntimeError with its traceback."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        try:
-            os.setpgid(0, 0)  # its own group: the parent can end the whole tree
-            out = json.dumps({"ok": True, "result": fn()})
-        except BaseException:  # noqa: BLE001 - raised in the parent
-            out = json.dumps({"ok": False, "why": traceback.format_exc()})
-        os.write(write_fd, out.encode())
-        os._exit(0)
-    os.close(write_fd)
-    chunks, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([read_fd], [], [], 1.0)[0]:
-            chunk = os.read(read_fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.close(read_fd)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, 9)  # whatever of the tree is left
-    os.waitpid(pid, 0)
-    if not chunks:
-        raise RuntimeError(f"the measurement gave no result within {timeout:.0f} s (killed)")
-    result = json.loads(b"".join(chunks))
-    if not result["ok"]:
-        raise RuntimeError(f"the measurement failed:\n{result['why']}")
-    return result["result"]
-
-
 # -- 2. the whole pipeline: bench.impala's program next to the actor ceiling ----------------
 
 
-class _ReportingInference(BatchedInference):
-    """bench.impala's inference, also sending its statistics and its pool's to the
-    launcher (JSON messages on the byte ring named ``results``) every ``REPORT_S`` s."""
-
-    results: str = ""
-
-    def __init__(self, *a: Any, **kw: Any):
-        super().__init__(*a, **kw)
-        self._results = MPMCRing.attach(self.results)
-        self._next_report = time.monotonic()
-
-    def step(self, timeout: float | None = None) -> int:
-        half = super().step(timeout)
-        now = time.monotonic()
-        if now >= self._next_report:
-            self._next_report = now + REPORT_S
-            p, s = self.pool.statistics(), self.statistics()
-            message = {
-                "pid": os.getpid(), "t": now, "frames": p.frames, "env_s": sum(p.worker_env_seconds),
-                "wait_s": sum(p.worker_wait_seconds), "batches": s.batches, "inf_wait_s": s.wait_seconds,
-                "inf_s": s.inference_seconds, "rollout_s": s.rollout_seconds,
-            }
-            with contextlib.suppress(lp.WouldBlock):  # the launcher is behind: this one is dropped
-                self._results.put_nowait(json.dumps(message).encode())
-        return half
-
-
-@contextlib.contextmanager
-def _reporting_actors(results: str):
-    """bench.impala's actors, built while this holds, use ``_ReportingInference``
-    (forked nodes inherit it; the launcher's module is restored after)."""
-    original = impala.BatchedInference
-    _ReportingInference.results = results
-    impala.BatchedInference = _ReportingInference
-    try:
-        yield
-    finally:
-        impala.BatchedInference = original
-
-
 def _pipeline(args: Any) -> dict:
-    results = MPMCRing.create(256, 1024)
     messages: list[dict] = []
 
-    def drain() -> None:
+    def drain(results) -> None:
         while True:
             try:
                 messages.append(json.loads(results.get_bytes_nowait()))
-            except lp.WouldBlock:
+            except (lp.WouldBlock, lp.Closed):
                 return
 
     with tempfile.TemporaryDirectory(prefix="impala-throughput-") as out, _quiet(os.path.join(out, "program.log")) as log_path:
         run_args = dataclasses.replace(args, out=out, log_interval=1.0, launch_type="test_mp", resume=False)
         try:
-            with _reporting_actors(results.name):
-                manager = lp.launch(impala.build_program(run_args), launch_type="test_mp")
-                while not manager.wait_for_stop(0.2):
-                    drain()
-                manager.wait()
-            drain()
+            program, stats = impala.build_program(run_args, actor_stats=True)
+            manager = lp.launch(program, launch_type="test_mp")
+            results = stats.dereference()  # the program's actors send their statistics here
+            while not manager.wait_for_stop(0.2):
+                drain(results)
+            drain(results)  # what was sent before the stop (the ring closes a second after it)
+            manager.wait()
         except BaseException:
             sys.stderr.write(_tail(log_path))
             raise
-        finally:
-            results.close()
         with open(os.path.join(out, "log.csv")) as f:
             rows = list(csv.DictReader(f))
     return _summarise(messages, rows)

@@ -1,0 +1,182 @@
+"""The learner's framework cost, for ``bench.impala --report-throughput``.
+
+``bare``: a plain torch loop on one ready batch (the same model, ``impala_loss``,
+backward, gradient clipping and optimiser step; the batch is built once as
+time-major ``[T+1, B, ...]`` tensors). ``ring``: ``Learner.step()`` fed from a
+``TypedRing`` that a forked producer keeps full with copies of one prepared unroll,
+publishing to a ``WeightStore`` after each update, as in the real program. Each
+runs ``LEARNER_SECONDS`` s in its own forked process (``in_child``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+import shmpad as lp
+from actors.rollout import trajectory_spec
+from bench import impala
+from learners.learner import Learner
+from learners.loss import impala_loss
+from shmpad.ringbuf import TypedRing, WeightStore
+
+__all__ = ["LEARNER_SECONDS", "LEARNER_SUBJECTS", "in_child"]
+
+LEARNER_SECONDS = 4.0
+"""counted seconds of each learner measurement (after WARMUP_UPDATES)"""
+WARMUP_UPDATES = 2
+
+
+def _prepared_unroll(args: Any, spec) -> dict[str, np.ndarray]:
+    """One plausible unroll of every trajectory field ([T+1, ...]), seeded."""
+    rng = np.random.default_rng(args.seed)
+    out = {}
+    for name, (dtype, shape) in trajectory_spec(spec, args.unroll_length).items():
+        dtype = np.dtype(dtype)
+        if name == "action":
+            a = rng.integers(0, spec.num_actions, shape)
+        elif name in ("done", "episode_end"):
+            a = rng.random(shape) < 0.05
+        elif dtype.kind == "f":
+            a = rng.standard_normal(shape)
+        else:
+            a = rng.integers(0, 256 if dtype == np.uint8 else 100, shape)
+        out[name] = a.astype(dtype)
+    return out
+
+
+def _updates_per_s(step: Callable[[], None]) -> tuple[float, float]:
+    for _ in range(WARMUP_UPDATES):
+        step()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < LEARNER_SECONDS:
+        step()
+        n += 1
+    elapsed = time.perf_counter() - start
+    return n / elapsed, elapsed
+
+
+def _bare_loop(args: Any, spec) -> dict:
+    torch.set_num_threads(args.learner_threads)
+    model = impala.build_model(args, spec.obs_shape, spec.num_actions).train()
+    config = impala.learner_config(args, 1)
+    if config.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
+    else:
+        optimizer = torch.optim.RMSprop(
+            model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps,
+            momentum=config.rmsprop_momentum,
+        )
+    unroll = _prepared_unroll(args, spec)
+    batch = {k: torch.from_numpy(np.stack([v] * args.batch_size, axis=1)) for k, v in unroll.items()}  # [T+1, B, ...]
+
+    def step() -> None:
+        done = batch["done"].bool()  # [T+1, B]
+        out = model(batch["obs"], done)
+        loss = impala_loss(
+            behaviour_logits=batch["logits"][:-1],
+            target_logits=out.policy_logits[:-1],
+            actions=batch["action"][:-1].long(),
+            rewards=batch["reward"][1:],
+            done=done[1:],
+            values=out.baseline[:-1],
+            bootstrap_value=out.baseline[-1],
+            discount=config.discount,
+            reward_clip=config.reward_clip,
+            baseline_cost=config.baseline_cost,
+            entropy_cost=config.entropy_cost,
+            reduction=config.reduction,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.total.backward()
+        if config.grad_norm_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
+        optimizer.step()
+
+    rate, _ = _updates_per_s(step)
+    return {"updates_per_s": rate, "wait_share": 0.0}
+
+
+def _ring_learner(args: Any, spec) -> dict:
+    torch.set_num_threads(args.learner_threads)
+    traj = trajectory_spec(spec, args.unroll_length)
+    ring = TypedRing.create(traj, args.queue_slots or 4 * args.batch_size, multi=True)
+    model = impala.build_model(args, spec.obs_shape, spec.num_actions)
+    weights = WeightStore.create(model)
+    producer = _fork_producer(ring.name, _prepared_unroll(args, spec))
+    try:
+        learner = Learner(model, ring, impala.learner_config(args, 1), weights, args.device)
+        rate, _ = _updates_per_s(lambda: learner.step(timeout=60.0))
+        s = learner.statistics()
+        return {"updates_per_s": rate, "wait_share": s.wait_seconds / max(s.wait_seconds + s.update_seconds, 1e-9)}
+    finally:
+        ring.close()  # wakes the producer with Closed
+        os.waitpid(producer, 0)
+        weights.close()
+
+
+def _fork_producer(ring_name: str, unroll: dict[str, np.ndarray]) -> int:
+    """A process that keeps the ring full with copies of ``unroll`` until it is closed."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        ring = TypedRing.attach(ring_name)
+        while os.getppid() == parent:
+            try:
+                slot = ring.reserve(timeout=1.0)
+            except lp.Timeout:
+                continue
+            for name, value in unroll.items():
+                slot[name][...] = value
+            ring.commit()
+    except lp.Closed:
+        pass
+    finally:
+        os._exit(0)
+
+
+LEARNER_SUBJECTS = {"bare": _bare_loop, "ring": _ring_learner}
+
+
+def in_child(fn: Callable[[], dict], timeout: float) -> dict:
+    """``fn()`` in a forked process tree of its own; its result, or RuntimeError with its traceback."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            os.setpgid(0, 0)  # its own group: the parent can end the whole tree
+            out = json.dumps({"ok": True, "result": fn()})
+        except BaseException:  # noqa: BLE001 - raised in the parent
+            out = json.dumps({"ok": False, "why": traceback.format_exc()})
+        os.write(write_fd, out.encode())
+        os._exit(0)
+    os.close(write_fd)
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([read_fd], [], [], 1.0)[0]:
+            chunk = os.read(read_fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    os.close(read_fd)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, 9)  # whatever of the tree is left
+    os.waitpid(pid, 0)
+    if not chunks:
+        raise RuntimeError(f"the measurement gave no result within {timeout:.0f} s (killed)")
+    result = json.loads(b"".join(chunks))
+    if not result["ok"]:
+        raise RuntimeError(f"the measurement failed:\n{result['why']}")
+    return result["result"]
