@@ -291,12 +291,15 @@ def run_shmpad_impala(args: Args) -> tuple[float, dict]:
     import torch
 
     from actors.inference import BatchedInference
-    from actors.model import ImpalaNet
+    from learners import make_model
 
     torch.set_num_threads(1)
     pool = _pool(args)
     try:
-        inference = BatchedInference(pool, ImpalaNet(pool.spec.num_actions, pool.spec.obs_shape), device=args.device)
+        model = make_model("deep", pool.spec.obs_shape, pool.spec.num_actions)
+        inference = BatchedInference(
+            pool, model, device=args.device, policy=lambda m, obs: m(obs[None]).policy_logits[0]  # [B, A]
+        )
 
         def step() -> int:
             inference.step(timeout=120)

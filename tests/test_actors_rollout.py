@@ -9,7 +9,6 @@ import torch
 from actors import EnvConfig, EnvPool
 from actors.inference import BatchedInference
 from actors.local import LocalPolicyActors
-from actors.model import ImpalaNet
 from actors.rollout import RolloutWriter, trajectory_spec
 from shmpad.ringbuf import TypedRing, WeightStore
 from test_actors_pool import ReferencePool
@@ -86,10 +85,3 @@ def test_local_actors_need_a_multi_producer_ring():
     finally:
         ring.close()
         store.close()
-
-
-def test_impala_net_shapes():
-    net = ImpalaNet(6)
-    logits, baseline = net(torch.zeros(3, 4, 84, 84, dtype=torch.uint8))
-    assert logits.shape == (3, 6) and baseline.shape == (3,)
-    assert 1.0e6 < sum(p.numel() for p in net.parameters()) < 1.2e6
