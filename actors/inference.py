@@ -7,6 +7,12 @@ sends them, so the workers of that half step while the other half is in the
 network. With a ``RolloutWriter`` the step also records the half's row of every
 unroll. With a ``WeightStore`` the model pulls newer weights before each batch.
 
+A model with an LSTM core (``model.use_lstm``, a ``learners.ActorCritic``) is
+stepped as ``model(obs[None], done[None], core_state)``: each half keeps its
+environments' core state between its batches (zeroed by the model where ``done``
+says an episode starts), and the rollouts get, with every row, the state the step
+took as input, so each unroll carries the state it started from.
+
 ``statistics()`` says where the time went: waiting for the workers, in the network,
 recording rollouts.
 """
@@ -21,7 +27,7 @@ import numpy as np
 import torch
 
 from actors.pool import EnvPool, HalfBatch
-from actors.rollout import RolloutWriter
+from actors.rollout import CORE_STATE_PREFIX, RolloutWriter
 from shmpad.ringbuf import WeightStore
 
 __all__ = ["BatchedInference", "InferenceStatistics", "sample_actions"]
@@ -49,7 +55,8 @@ def _first_output(model: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
 class BatchedInference:
     """``model`` driving ``pool``: ``policy(model, obs [B, ...]) -> logits [B, A]``, by
     default ``model(obs)[0]`` (for ``learners.ActorCritic``, which is time-major, pass
-    ``policy=lambda m, obs: m(obs[None]).policy_logits[0]``)."""
+    ``policy=lambda m, obs: m(obs[None]).policy_logits[0]``). A model with
+    ``use_lstm`` is stepped with its core state instead, and takes no ``policy``."""
 
     def __init__(
         self,
@@ -59,16 +66,24 @@ class BatchedInference:
         rollouts: RolloutWriter | None = None,
         weights: WeightStore | None = None,
         seed: int = 0,
-        policy: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = _first_output,
+        policy: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
     ):
         if not pool.spec.discrete:
             raise ValueError(f"BatchedInference samples discrete actions; {pool.spec.env_id!r} has {pool.spec.describe_actions()}")
+        self.recurrent = bool(getattr(model, "use_lstm", False))
+        if self.recurrent and policy is not None:
+            raise ValueError(
+                "a model with an LSTM core is stepped as model(obs[None], done[None], core_state); "
+                f"policy= is for feed-forward models, got {policy!r}"
+            )
         self.pool = pool
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.rollouts = rollouts
         self.weights = weights
-        self.policy = policy
+        self.policy = _first_output if policy is None else policy
+        # per half: (h, c), each [layers, B/2, hidden]
+        self._core = [model.initial_state(pool.half_size) for _ in range(pool.halves)] if self.recurrent else []
         self._version = 0
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._wait_ns = self._infer_ns = self._rollout_ns = 0
@@ -82,15 +97,26 @@ class BatchedInference:
         t1 = time.perf_counter_ns()
         if self.weights is not None:
             self._version = self.weights.pull(self.model, newer_than=self._version)
+        core_state: tuple[torch.Tensor, ...] = ()
         with torch.inference_mode():
             obs = torch.from_numpy(batch.obs).to(self.device, non_blocking=True)  # [B/2, *obs_shape], no copy on CPU
-            logits = self.policy(self.model, obs)  # [B/2, A]
+            if self.recurrent:
+                core_state = self._core[batch.half]
+                done = torch.from_numpy(batch.done).to(self.device, non_blocking=True).bool()  # [B/2]
+                out = self.model(obs[None], done[None], core_state)
+                logits = out.policy_logits[0]  # [B/2, A]
+                self._core[batch.half] = out.core_state
+            else:
+                logits = self.policy(self.model, obs)  # [B/2, A]
             actions = sample_actions(logits, self._generator).cpu().numpy()
             logits = logits.float().cpu().numpy()
         batch.action[:] = actions
         t2 = time.perf_counter_ns()
         if self.rollouts is not None:
-            self.rollouts.add(batch.half, _rows(batch, logits))
+            rows = _rows(batch, logits)
+            for i, s in enumerate(core_state):
+                rows[f"{CORE_STATE_PREFIX}{i}"] = s.transpose(0, 1).float().cpu().numpy()  # [B/2, layers, hidden]
+            self.rollouts.add(batch.half, rows)
         t3 = time.perf_counter_ns()
         self.pool.send()
         self._wait_ns += t1 - t0
@@ -99,6 +125,10 @@ class BatchedInference:
         self._batches += 1
         self._steps += len(batch.envs)
         return batch.half
+
+    def core_state(self, half: int) -> tuple[torch.Tensor, ...]:
+        """The core state the half's next batch starts from (``()`` for a feed-forward model)."""
+        return self._core[half] if self.recurrent else ()
 
     def statistics(self) -> InferenceStatistics:
         return InferenceStatistics(

@@ -52,6 +52,8 @@ class Args:
     """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
     model: str = "shallow"
     """'shallow' (Nature CNN), 'deep' (IMPALA ResNet) or 'mlp' (vector observations)"""
+    use_lstm: bool = False
+    """an LSTM core after the torso; each unroll carries the core state it started from"""
     total_frames: int = 200_000
     """stop after this many environment frames (frame skip counted)"""
     unroll_length: int = 20
@@ -124,7 +126,12 @@ def env_config(args: Args) -> EnvConfig:
 
 def build_model(args: Args, obs_shape, num_actions: int):
     torch.manual_seed(args.seed)
-    return make_model(args.model, obs_shape, num_actions)
+    return make_model(args.model, obs_shape, num_actions, use_lstm=args.use_lstm)
+
+
+def core_state_shapes(model) -> list[tuple[int, ...]]:
+    """One environment's shape of each core state tensor: [layers, hidden] for an LSTM, none without."""
+    return [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]  # from [layers, 1, hidden]
 
 
 def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
@@ -160,7 +167,7 @@ def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None
     try:
         model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
         writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
-        inference = BatchedInference(pool, model, args.device, writer, weights, seed=args.seed + index, policy=act)
+        inference = BatchedInference(pool, model, args.device, writer, weights, seed=args.seed + index, policy=None if args.use_lstm else act)
         stop = lp.stop_event()
         next_report = time.monotonic()
         while not stop.is_set():
@@ -304,10 +311,11 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
     if not spec.discrete:
         raise SystemExit(f"bench.impala needs discrete actions; {args.env!r} has {spec.describe_actions()}")
     frames_per_step = 4 if spec.env_id.startswith("ALE/") else 1
-    traj = trajectory_spec(spec, args.unroll_length)
+    model = build_model(args, spec.obs_shape, spec.num_actions)
+    traj = trajectory_spec(spec, args.unroll_length, core_state_shapes=core_state_shapes(model))
     program = lp.Program("impala")
     trajectories = program.add_node(lp.RingNode(args.queue_slots or 4 * args.batch_size, spec=traj, multi=True), "trajectories")
-    weights = program.add_node(lp.WeightStoreNode(build_model(args, spec.obs_shape, spec.num_actions)), "weights")
+    weights = program.add_node(lp.WeightStoreNode(model), "weights")
     stats = program.add_node(lp.RingNode(256, slot_size=1024), "actor_stats") if actor_stats else None
     with program.group("actor"):
         for i in range(args.num_actors):

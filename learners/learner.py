@@ -6,7 +6,10 @@ the ring's slots, made time-major ``[T+1, B, ...]`` by a transpose (no copy on
 the CPU; on a GPU one pinned copy, moved asynchronously). The slots go back to
 the ring once the backward pass no longer needs them. Rows follow
 ``actors.rollout``: row ``t`` holds the observation, the action taken from it
-and its behaviour logits, and the reward and done that came *with* it.
+and its behaviour logits, and the reward and done that came *with* it. A model
+with an LSTM core starts each unroll from the core state stored in its slot
+(``core_state_<i>``, ``[B, layers, hidden]``, made ``[layers, B, hidden]`` by the
+same transpose), as torchbeast and moolib do.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from typing import Any, Literal
 
 import torch
 
+from actors.rollout import core_state_fields
 from learners.loss import ImpalaLoss, impala_loss
-from learners.models import ActorCritic
+from learners.models import ActorCritic, ModelOutput
 from shmpad.ringbuf import TypedRing, WeightStore
 
 __all__ = ["LearnerConfig", "Learner", "LearnerStatistics"]
@@ -104,11 +108,15 @@ class Learner:
         device: str | torch.device = "cpu",
     ):
         config.check()
+        self.core_state_fields = core_state_fields(ring.spec) if model.use_lstm else []
         if model.use_lstm:
-            raise ValueError(
-                "the learner trains feed-forward models: the trajectory slots carry no LSTM state "
-                "(make_model(..., use_lstm=False))"
-            )
+            expected = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]  # [layers, hidden] per tensor
+            got = [tuple(ring.spec[f][1]) for f in self.core_state_fields]
+            if got != expected:
+                raise ValueError(
+                    f"the model's LSTM core needs trajectory slots holding its state of shapes {expected}, "
+                    f"got {got} (trajectory_spec(..., core_state_shapes={expected}))"
+                )
         self.model = model.to(device).train()
         self.ring = ring
         self.config = config
@@ -161,7 +169,7 @@ class Learner:
             batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
         self._count_episodes(batch)
         done = batch["done"].bool()  # [T+1, B]
-        out = self.model(batch["obs"], done)  # logits [T+1, B, A], baseline [T+1, B]
+        out = self.forward(batch)  # logits [T+1, B, A], baseline [T+1, B]
         loss = impala_loss(
             behaviour_logits=batch["logits"][:-1],  # [T, B, A]
             target_logits=out.policy_logits[:-1],
@@ -188,6 +196,11 @@ class Learner:
         if self.weights is not None:
             self.weights.publish(self.model)
         return loss
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> ModelOutput:
+        """The model over a time-major batch, from the core state stored at the start of each unroll."""
+        core_state = tuple(batch[f].contiguous() for f in self.core_state_fields)  # each [layers, B, hidden]
+        return self.model(batch["obs"], batch["done"].bool(), core_state)
 
     def _count_episodes(self, batch: dict[str, torch.Tensor]) -> None:
         # rows 1..T: row 0 repeats the previous unroll's last row

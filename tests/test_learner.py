@@ -113,7 +113,7 @@ def test_bad_configuration():
         LearnerConfig(batch_size=0).check()
     r = TypedRing.create(_spec(), capacity=4)
     try:
-        with pytest.raises(ValueError, match="the learner trains feed-forward models"):
+        with pytest.raises(ValueError, match=r"the model's LSTM core needs trajectory slots holding its state of shapes \[\(1, 64\), \(1, 64\)\], got \[\]"):
             Learner(make_model("mlp", OBS, A, use_lstm=True), r, LearnerConfig())
     finally:
         r.close()
