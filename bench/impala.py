@@ -113,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
         parser.error(f"--model must be 'shallow', 'deep' or 'mlp', got {args.model!r}")
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    if args.report_throughput and args.use_lstm:
+        parser.error("--report-throughput measures feed-forward models only; drop --use-lstm")
     return args
 
 
