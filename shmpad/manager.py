@@ -109,7 +109,8 @@ class WorkerManager:
         self._stop_r, self._stop_w = os.pipe()
         self._req_r, self._req_w = os.pipe()
         _launcher_fds.update((self._stop_w, self._req_r))
-        self._poke_lock = threading.Lock()
+        # reentrant: the signal handler pokes too, and may run inside a poke of its thread
+        self._poke_lock = threading.RLock()
         os.set_blocking(self._req_r, False)
         self._stopper = context.StopController(on_request=self._request_stop)
         self._ctx = context.NodeContext(program, launch_type, self._stopper)
@@ -268,6 +269,9 @@ class WorkerManager:
                 self._start_worker(w)
         except BaseException as e:
             self._start_error = e
+            for w in self._workers:
+                if w.pid is None and w.thread is None:
+                    w.done = w.reported = True  # never started: nothing to wait for
             self._begin_stop()
         finally:
             self._started.set()
@@ -301,7 +305,7 @@ class WorkerManager:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         xr, xw = os.pipe()
-        others = [fd for fd in _launcher_fds if fd >= 0]
+        others = [fd for fd in tuple(_launcher_fds) if fd >= 0]  # other supervisors change the set
         body = self._child_body(w, out_w, err_w, xw)
         try:
             w.pid = fork(
@@ -312,11 +316,23 @@ class WorkerManager:
                 close_fds=tuple(others + [out_r, err_r, xr]),
                 clean_exit=lambda exc: isinstance(exc, Closed) and _child_stopping(),
             )
+        except BaseException:
+            for fd in (out_r, err_r, xr):
+                os.close(fd)
+            raise
         finally:
             os.close(out_w)
             os.close(err_w)
             os.close(xw)
-        w.pidfd = os.pidfd_open(w.pid)
+        try:
+            w.pidfd = os.pidfd_open(w.pid)
+        except BaseException:
+            os.kill(w.pid, signal.SIGKILL)  # a child we could not watch must not run
+            os.waitpid(w.pid, 0)
+            w.exit_code, w.done = -signal.SIGKILL, True
+            for fd in (out_r, err_r, xr):
+                os.close(fd)
+            raise
         _launcher_fds.update((w.pidfd, out_r, err_r, xr))
         for fd, kind in ((out_r, "out"), (err_r, "err"), (xr, "error")):
             os.set_blocking(fd, False)

@@ -8,9 +8,10 @@ Every request is one message::
 
 and names the ring its reply goes to: for a blocking call an SPSC ring taken from
 the client's pool for the duration of the call (one call in flight per ring, so
-one writer at a time); for futures the client's one MPMC ring, drained by a
-reader thread that completes the futures. A reply is ``pickle((call_id, ok,
-value))``, where ``value`` is the result, or ``(exception, remote traceback)``.
+one writer at a time); for futures the client's one MPMC ring, read by the
+threads waiting on them (and a background reader). A reply is a header
+``(call_id, ok)`` then ``pickle(value)``, where ``value`` is the result, or
+``(exception, remote traceback)``.
 A reply whose ``call_id`` is not the awaited one (the late reply of a call that
 timed out) is dropped, and a ring that saw a timeout is never reused.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import struct
 import threading
 import time
 import traceback
@@ -55,6 +57,8 @@ POLL_S = 0.1
 # How long a thread reading replies for futures keeps its turn before it looks
 # whether another should read.
 _PUMP_TURN_S = 0.002
+# How long a client without call_timeout waits for a server's request ring to exist.
+CONNECT_TIMEOUT_S = 60.0
 # How long a server keeps trying to hand a reply to a client that does not drain.
 REPLY_PUT_TIMEOUT_S = 10.0
 # After its server closed the request ring, how long a caller still waits for
@@ -107,8 +111,47 @@ def _dumps(obj: Any) -> bytes:
 
 def _encode(obj: Any, slot_size: int) -> bytes:
     data = _dumps(obj)
-    if len(data) <= slot_size:
-        return data
+    return data if len(data) <= slot_size else _spill(data)
+
+
+# A reply is this header (call id, 1 if the call returned) then the pickled result or
+# (exception, traceback): the call it answers is known before anything is unpickled,
+# so a result that cannot be unpickled fails that call, not whoever reads it.
+_REPLY = struct.Struct("<qB")
+
+
+def _encode_reply(call_id: int, ok: bool, value: Any, slot_size: int) -> bytes:
+    body = _dumps(value)
+    if _REPLY.size + len(body) > slot_size:
+        body = _spill(body)
+    return _REPLY.pack(call_id, ok) + body
+
+
+def _unpack(ok: int, body: bytes) -> Any:
+    """The result of a reply's body, or its exception raised."""
+    try:
+        value = _decode(body)
+    except Exception as e:
+        raise RemoteError(f"the reply could not be unpickled here: {type(e).__name__}: {e}") from None
+    if ok:
+        return value
+    exc, tb = value
+    if not isinstance(exc, BaseException):
+        exc = RemoteError(repr(exc))
+    exc.__cause__ = RemoteTraceback(tb)
+    raise exc
+
+
+def _drop(body: bytes) -> None:
+    """Consume an unwanted reply's body (a spilled one owns a segment)."""
+    try:
+        _decode(body)
+    except Exception:
+        pass
+
+
+def _spill(data: bytes) -> bytes:
+    """``data`` moved to a one-off segment; returns the slot message that names it."""
     seg = Segment.create(_SPILL_KIND, {}, len(data))
     seg.data[: len(data)] = memoryview(data).cast("B")
     name = seg.name
@@ -265,7 +308,10 @@ class RpcServer:
         while not self._stop.is_set():
             if idle_ticks >= _IDLE_TICKS:
                 self._monitor_idle = True
-                self._monitor_wake.acquire()
+                # a handler that started before the flag was up did not wake us: look again
+                leader = self._leader
+                if not (leader is not None and self._busy.get(leader, 0.0)):
+                    self._monitor_wake.acquire()
                 self._monitor_idle = False
                 idle_ticks = 0
                 continue
@@ -300,6 +346,8 @@ class RpcServer:
             if reply_to is None:
                 traceback.print_exc()  # undecodable request: nobody to tell
                 return
+            if not isinstance(e, Exception):  # SystemExit, KeyboardInterrupt: not for the caller to re-raise
+                e = RemoteError(f"the handler raised {type(e).__name__}: {e}")
             reply = (call_id, False, (_portable(e), traceback.format_exc()))
         self._reply(reply_to, reply)
 
@@ -307,15 +355,19 @@ class RpcServer:
         ring = self._reply_ring(reply_to)
         if ring is None:
             return  # the caller is gone
+        call_id, ok, value = reply
         try:
-            payload = _encode(reply, ring.slot_size)
+            payload = _encode_reply(call_id, ok, value, ring.slot_size)
         except Exception as e:
             err = RemoteError(f"the server could not pickle the result of the call: {type(e).__name__}: {e}")
-            payload = _encode((reply[0], False, (err, traceback.format_exc())), ring.slot_size)
+            payload = _encode_reply(call_id, False, (err, traceback.format_exc()), ring.slot_size)
         try:
             ring.put(payload, timeout=REPLY_PUT_TIMEOUT_S)
-        except (Closed, Timeout):
-            pass  # the caller closed its client or stopped draining: it no longer waits
+        except Closed:
+            with self._replies_lock:  # the caller closed its client: forget its ring
+                self._replies.pop(reply_to, None)
+        except Timeout:
+            pass  # the caller stopped draining: it no longer waits
 
     def _reply_ring(self, name: str) -> MPMCRing | SPSCRing | None:
         ring = self._replies.get(name)
@@ -386,12 +438,12 @@ class RpcClient:
         self.address = address
         self.call_timeout = call_timeout
         self._name = name or address
-        self._lock = threading.Lock()
         self._ids = itertools.count()
         self.futures = _Methods(self)
         self._reset()
 
     def _reset(self) -> None:
+        self._lock = threading.Lock()
         self._pid = os.getpid()
         self._request: MPMCRing | None = None
         self._pool: list[SPSCRing] = []
@@ -439,7 +491,11 @@ class RpcClient:
         except IndexError:
             ring = self._new_ring(SPSCRing, REPLY_CAPACITY, _SYNC_TAG)
         call_id = next(self._ids)
-        self._send(request, (call_id, ring.name, method, args, kwargs or {}), deadline, method)
+        try:
+            self._send(request, (call_id, ring.name, method, args, kwargs or {}), deadline, method)
+        except BaseException:
+            self._pool.append(ring)  # nothing was queued: the ring is clean
+            raise
         closed_at = None
         while True:
             if deadline is None:
@@ -462,11 +518,12 @@ class RpcClient:
                 continue
             except Closed:
                 raise Closed(f"client of {self._name!r} was closed during a call to {method!r}") from None
-            reply = _decode(data)
-            if reply[0] == call_id:
+            cid, ok = _REPLY.unpack_from(data)
+            if cid == call_id:
                 break
+            _drop(data[_REPLY.size :])  # the late reply of an earlier call
         self._pool.append(ring)
-        return _unpack(reply)
+        return _unpack(ok, data[_REPLY.size :])
 
     def call_future(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Future:
         """Like ``call``, but returns at once with a Future of the result."""
@@ -494,6 +551,7 @@ class RpcClient:
             self._reset()
             return
         self._closed = True
+        self._fail_pending(lambda method: Closed(f"client of {self._name!r} closed before {method!r} answered"))
         reader = self._reader
         if reader is not None:
             with self._pump_cond:
@@ -514,21 +572,28 @@ class RpcClient:
     # -- internals ---------------------------------------------------------------------
 
     def _forked(self) -> None:
-        """In a forked child, the parent's rings and reader thread are not ours."""
-        with self._lock:
-            if self._pid != os.getpid():
-                self._reset()
+        """In a forked child, the parent's rings, locks and reader thread are not ours
+        (a lock another parent thread held at the fork would stay held)."""
+        self._reset()
 
     def _connect(self, deadline: float | None, method: str) -> MPMCRing:
-        """Attach the request ring, waiting for it to exist."""
+        """Attach the request ring, waiting for it to exist (at most ``CONNECT_TIMEOUT_S``
+        without a call_timeout: an address nobody will create must not hang the caller)."""
         delay = 0.001
+        give_up = time.monotonic() + CONNECT_TIMEOUT_S
         while True:
             try:
                 ring = MPMCRing.attach(self.address)
                 break
             except SegmentError:
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     raise self._timeout_error(method) from None
+                if deadline is None and now >= give_up:
+                    raise Timeout(
+                        f"no courier server at {self.address!r} appeared within {CONNECT_TIMEOUT_S:g} s "
+                        f"(calling {method!r}); is its program running?"
+                    ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, POLL_S)
         with self._lock:
@@ -631,13 +696,14 @@ class RpcClient:
             return
         except Closed:
             return
-        reply = _decode(data)
-        entry = self._pending.pop(reply[0], None)
+        cid, ok = _REPLY.unpack_from(data)
+        entry = self._pending.pop(cid, None)
         if entry is None:
-            return  # expired already
+            _drop(data[_REPLY.size :])  # expired or cancelled already
+            return
         fut = entry[0]
         try:
-            value = _unpack(reply)
+            value = _unpack(ok, data[_REPLY.size :])
         except BaseException as e:
             _settle(fut, Future.set_exception, e)
         else:
@@ -660,6 +726,8 @@ class RpcClient:
                 continue
             try:
                 self._read_one(_PUMP_TURN_S)
+            except Exception:
+                traceback.print_exc()  # keep serving the other futures
             finally:
                 self._pump_lock.release()
 
@@ -715,14 +783,3 @@ _ring_ids = itertools.count()
 def _ring_name(tag: str) -> str:
     # the tag after the last dot tells the server which kind of ring to attach
     return f"/shmpad.{os.getpid()}.r{next(_ring_ids)}.{os.urandom(3).hex()}.{tag}"
-
-
-def _unpack(reply: tuple) -> Any:
-    _, ok, value = reply
-    if ok:
-        return value
-    exc, tb = value
-    if not isinstance(exc, BaseException):
-        exc = RemoteError(repr(exc))
-    exc.__cause__ = RemoteTraceback(tb)
-    raise exc

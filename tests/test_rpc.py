@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from shmpad import Closed, Timeout
+from shmpad.ringbuf import MPMCRing
 from shmpad.rpc import RemoteError, RemoteTraceback, RpcClient, RpcServer, create_request_ring
 
 from helpers import FORK, kill_pid, track_pid, wait_until
@@ -385,3 +386,89 @@ def test_cancelled_future_drops_its_reply(client):
     assert client.futures.add(1, 2).result(10) == 3  # the reply of the cancelled call is dropped
     time.sleep(0.3)
     assert client.futures.add(2, 2).result(10) == 4
+
+
+class _BreaksOnLoad:
+    """Pickles fine, fails to unpickle (like a class only the server's __main__ has)."""
+
+    def __reduce__(self):
+        return (_raise_on_load, ())
+
+
+def _raise_on_load():
+    raise ValueError("cannot rebuild this here")
+
+
+class Tricky(Service):
+    def unloadable(self):
+        return _BreaksOnLoad()
+
+    def exits(self):
+        raise SystemExit(3)
+
+
+@pytest.fixture
+def tricky():
+    srv = RpcServer(Tricky())
+    t = srv.start()
+    c = RpcClient(srv.address)
+    yield c
+    c.close()
+    srv.close()
+    t.join(10)
+
+
+def test_a_reply_that_cannot_be_unpickled_fails_only_its_own_call(tricky):
+    with pytest.raises(RemoteError, match="the reply could not be unpickled here: ValueError: cannot rebuild this here"):
+        tricky.unloadable()
+    assert tricky.ping() == "pong"  # the pooled reply ring is still good
+    bad = tricky.futures.unloadable()
+    good = tricky.futures.add(1, 2)
+    assert good.result(10) == 3  # whoever reads, each reply lands on its own future
+    with pytest.raises(RemoteError, match="could not be unpickled"):
+        bad.result(10)
+    done = threading.Event()
+    tricky.futures.unloadable()  # read by the background reader: it must survive
+    tricky.futures.add(2, 2).add_done_callback(lambda f: done.set())
+    assert done.wait(10)
+
+
+def test_a_handler_raising_systemexit_does_not_exit_the_caller(tricky):
+    with pytest.raises(RemoteError, match="the handler raised SystemExit: 3"):
+        tricky.exits()
+    assert tricky.ping() == "pong"
+
+
+def test_failed_sends_do_not_leak_reply_rings(shm_leak_check):
+    ring = create_request_ring()
+    c = RpcClient(ring.name)
+    try:
+        MPMCRing.attach(ring.name).close()  # closed for everyone, name kept (as a launcher does at stop)
+        for _ in range(20):
+            with pytest.raises(Closed, match="is stopped: cannot call 'ping'"):
+                c.ping()
+        assert len(c._all_rings) == 1  # one pooled ring, reused by every attempt
+    finally:
+        c.close()
+        ring.close()
+
+
+def test_closing_a_client_fails_its_pending_futures_with_closed(server):
+    c = RpcClient(server.address)
+    fut = c.futures.sleep(5)
+    waiter_got = []
+    waiter = threading.Thread(target=lambda: waiter_got.append(fut.exception(30)))
+    waiter.start()
+    time.sleep(0.1)
+    c.close()
+    waiter.join(10)
+    assert len(waiter_got) == 1 and isinstance(waiter_got[0], Closed)
+
+
+def test_an_address_nobody_creates_does_not_hang_a_call(monkeypatch):
+    import shmpad.rpc as rpc
+
+    monkeypatch.setattr(rpc, "CONNECT_TIMEOUT_S", 0.3)
+    c = RpcClient("/shmpad.0.nobody-creates-this")
+    with pytest.raises(Timeout, match=r"no courier server at '/shmpad.0.nobody-creates-this' appeared within 0.3 s \(calling 'ping'\)"):
+        c.ping()
