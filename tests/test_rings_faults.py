@@ -81,13 +81,16 @@ def test_mpmc_producer_killed_between_claim_and_commit():
         consumer = Forked(consume, ring, "get_bytes", 0, True, name="consumer")
         children.append(consumer)
         assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
-        live = [Forked(produce, ring, i, n_live, how, name=f"producer {i}") for i, how in enumerate(["put", "put_many_list"])]
-        children += live
         victim = Forked(produce_then_claim, ring, 2, n_victim, signal_w, name="victim producer")
         children.append(victim)
         signal_w.close()
         assert _await_signal(signal_r, "claimed", victim) == "claimed"
-        assert not any(p.ready() for p in live), "the live producers finished before the claim: nothing was stalled"
+        # the live producers start behind the held claim (started first, they could finish
+        # before it on a loaded machine): the consumer stalls at it and the ring fills up
+        live = [Forked(produce, ring, i, n_live, how, name=f"producer {i}") for i, how in enumerate(["put", "put_many_list"])]
+        children += live
+        assert helpers.wait_until(lambda: ring.statistics().size >= CAPACITY, 30), "the ring did not fill behind the claim"
+        assert not any(p.ready() for p in live), "the live producers finished past a held claim"
         killed_at = time.monotonic()
         victim.kill()
         wait_while_progressing(ring, live)
