@@ -74,6 +74,25 @@ class Service:
     attribute = 5
 
 
+def run_in_threads(work, n: int) -> list[BaseException]:
+    """Run ``work(k)`` for k < n in n threads at once; the exceptions they raised."""
+    errors: list[BaseException] = []
+
+    def guarded(k):
+        try:
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a worker thread did not finish in 60 s"
+    return errors
+
+
 @pytest.fixture
 def server():
     """A server in a thread of this process (the transport is the same as across processes)."""
@@ -240,22 +259,12 @@ def test_handlers_run_concurrently(client):
 
 
 def test_many_threads_share_one_client(client):
-    errors = []
-
     def work(k):
-        try:
-            for i in range(200):
-                assert client.add(k, i) == k + i
-            assert [f.result(10) for f in [client.futures.add(k, i) for i in range(50)]] == [k + i for i in range(50)]
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        for i in range(200):
+            assert client.add(k, i) == k + i
+        assert [f.result(10) for f in [client.futures.add(k, i) for i in range(50)]] == [k + i for i in range(50)]
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    assert not run_in_threads(work, 8)
 
 
 def test_server_thread_pool_is_bounded():
@@ -362,22 +371,12 @@ def test_futures_complete_without_anyone_calling_result(client):
 
 
 def test_many_threads_waiting_on_futures_share_the_reading(client):
-    errors = []
-
     def work(k):
-        try:
-            futs = [client.futures.add(k, i) for i in range(100)]
-            for i, f in enumerate(futs):
-                assert f.result(10) == k + i
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        futs = [client.futures.add(k, i) for i in range(100)]
+        for i, f in enumerate(futs):
+            assert f.result(10) == k + i
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    assert not run_in_threads(work, 6)
 
 
 def test_cancelled_future_drops_its_reply(client):
