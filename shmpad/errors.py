@@ -6,7 +6,17 @@ those two cannot say.
 
 from __future__ import annotations
 
-__all__ = ["ShmpadError", "Closed", "WouldBlock", "Timeout", "SegmentError", "NodeFailed"]
+__all__ = [
+    "ShmpadError",
+    "Closed",
+    "WouldBlock",
+    "Timeout",
+    "SegmentError",
+    "NodeFailed",
+    "AuthError",
+    "FrameError",
+    "Abandoned",
+]
 
 
 class ShmpadError(Exception):
@@ -60,3 +70,16 @@ class NodeFailed(ShmpadError, RuntimeError):
 
     def __reduce__(self):
         return (NodeFailed, (self.label, self.index, self.exit_code, self.node_traceback))
+
+
+class AuthError(ShmpadError, ConnectionError):
+    """A network peer failed the shared-token handshake (or there is no token to use)."""
+
+
+class FrameError(ShmpadError, ConnectionError):
+    """A network frame was malformed, oversized or cut short; its connection was closed."""
+
+
+class Abandoned(ShmpadError):
+    """A collective operation (allreduce, broadcast) was abandoned because its group changed
+    or one of its members went away; nothing of it was applied."""

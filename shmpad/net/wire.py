@@ -1,0 +1,588 @@
+"""The TCP wire format: an authenticated connection carrying length-prefixed frames.
+
+Handshake (fixed sizes, read before any frame; a connection that fails it is closed
+and logged, nothing it sent is decoded)::
+
+    server -> client   b"SHPD" | version u8 | nonce_s (32 B)                      37 B
+    client -> server   b"SHPD" | version u8 | nonce_c (32 B) | mac_c (32 B)       69 B
+    server -> client   mac_s (32 B)                                               32 B
+
+    mac_c = HMAC-SHA256(token, b"shmpad client" | nonce_s | nonce_c)
+    mac_s = HMAC-SHA256(token, b"shmpad server" | nonce_c | nonce_s)
+
+Both sides prove they hold the token without sending it, and each side's nonce
+makes a recorded handshake useless for a replay. The whole handshake has a deadline
+(``HANDSHAKE_TIMEOUT_S``), so a silent client cannot hold a listener's thread.
+
+Frame, after the handshake (little endian)::
+
+    offset  size  field
+         0     4  magic b"SHPF"
+         4     1  version (1)
+         5     1  kind (Kind)
+         6     2  flags (free for the layer above)
+         8     8  tag (u64, free for the layer above: a call id, a chunk index...)
+        16     8  length of the payload in bytes, at most the connection's max_frame
+        24     *  payload
+
+Payload kinds: ``CONTROL`` is a JSON object (UTF-8, at most ``MAX_CONTROL`` bytes);
+``TENSOR`` is a tensor header (dtype code u8, ndim u8, ndim x u64 shape) followed by
+the raw bytes, sent straight from the array's memory and received straight into a
+preallocated one when the caller has it; ``BYTES`` is opaque; ``PICKLE`` is a pickle
+that only an authenticated connection may decode (and only the layers that need
+objects do: cross-host RPC).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from shmpad.errors import AuthError
+from shmpad.errors import FrameError
+
+__all__ = [
+    "Connection",
+    "Frame",
+    "Kind",
+    "Listener",
+    "MAX_FRAME",
+    "accept",
+    "connect",
+    "decode_tensor",
+    "encode_tensor",
+    "load_token",
+    "parse_address",
+]
+
+log = logging.getLogger("shmpad.net")
+
+VERSION = 1
+HELLO_MAGIC = b"SHPD"
+FRAME_MAGIC = b"SHPF"
+NONCE = 32
+MAC = 32
+SERVER_HELLO = struct.Struct("<4sB32s")  # 37 B
+CLIENT_HELLO = struct.Struct("<4sB32s32s")  # 69 B
+HEADER = struct.Struct("<4sBBHQQ")  # 24 B
+
+MAX_FRAME = 256 << 20  # default bound of one frame's payload; tensors travel in chunks below it
+MAX_CONTROL = 1 << 20
+HANDSHAKE_TIMEOUT_S = 10.0
+
+TOKEN_ENV = "SHMPAD_TOKEN"
+
+
+class Kind(enum.IntEnum):
+    CONTROL = 1
+    TENSOR = 2
+    BYTES = 3
+    PICKLE = 4
+
+
+_DTYPES = [
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+    np.dtype(np.float16),
+    np.dtype(np.int8),
+    np.dtype(np.int16),
+    np.dtype(np.int32),
+    np.dtype(np.int64),
+    np.dtype(np.uint8),
+    np.dtype(np.uint16),
+    np.dtype(np.uint32),
+    np.dtype(np.uint64),
+    np.dtype(np.bool_),
+]
+_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
+MAX_NDIM = 16
+
+
+# ---------------------------------------------------------------- token and addresses
+
+
+def load_token(token: str | bytes | None = None, token_file: str | os.PathLike | None = None) -> bytes:
+    """The shared secret: ``token`` if given, else the contents of ``token_file``, else
+    ``$SHMPAD_TOKEN``. Surrounding whitespace is stripped; an empty token is an error."""
+    if token is not None:
+        source = "the token argument"
+        value = token.encode() if isinstance(token, str) else bytes(token)
+    elif token_file is not None:
+        source = f"token file {os.fspath(token_file)!r}"
+        try:
+            with open(token_file, "rb") as f:
+                value = f.read()
+        except OSError as e:
+            raise AuthError(f"cannot read {source}: {e.strerror}") from None
+    elif os.environ.get(TOKEN_ENV) is not None:
+        source = f"${TOKEN_ENV}"
+        value = os.environ[TOKEN_ENV].encode()
+    else:
+        raise AuthError(
+            f"no token: set ${TOKEN_ENV} or pass a token file (every host of a group needs the same secret, "
+            f"e.g. from `python -c 'import secrets; print(secrets.token_hex(16))'`)"
+        )
+    value = value.strip()
+    if not value:
+        raise AuthError(f"{source} is empty; a token must be a non-empty secret")
+    return value
+
+
+def parse_address(address: str | tuple[str, int], default_port: int | None = None) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``, or a ``(host, port)`` pair) as ``(host, port)``."""
+    if isinstance(address, tuple):
+        host, port = address
+    elif isinstance(address, str):
+        host, sep, port_text = address.rpartition(":")
+        if not sep or host.count(":") and not host.startswith("["):
+            host, port_text = address, ""
+        host = host.strip("[]")
+        if port_text:
+            try:
+                port = int(port_text)
+            except ValueError:
+                raise ValueError(f"address {address!r}: port {port_text!r} is not a number; use HOST:PORT") from None
+        elif default_port is not None:
+            port = default_port
+        else:
+            raise ValueError(f"address {address!r} has no port; use HOST:PORT")
+    else:
+        raise TypeError(f"address must be 'HOST:PORT' or a (host, port) tuple, got {type(address).__name__}")
+    if not host:
+        raise ValueError(f"address {address!r} has no host; use HOST:PORT")
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"address {address!r}: port must be in 0..65535, got {port!r}")
+    return host, port
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def encode_tensor(array: np.ndarray) -> tuple[bytes, memoryview]:
+    """The tensor header and a view of the array's bytes (no copy for a contiguous array)."""
+    array = np.ascontiguousarray(array)
+    code = _DTYPE_CODE.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+    if code is None:
+        allowed = ", ".join(str(d) for d in _DTYPES)
+        raise TypeError(f"tensor dtype {array.dtype} cannot travel; allowed: {allowed}")
+    if array.ndim > MAX_NDIM:
+        raise ValueError(f"tensor has {array.ndim} dimensions, at most {MAX_NDIM} can travel")
+    meta = struct.pack(f"<BB{array.ndim}Q", code, array.ndim, *array.shape)
+    return meta, memoryview(array.reshape(-1).view(np.uint8))
+
+
+def decode_tensor(payload: bytes | bytearray | memoryview) -> np.ndarray:
+    """The array a ``TENSOR`` payload describes (a view of ``payload``, no copy).
+
+    Raises ``FrameError`` if the header is malformed or does not match the bytes that follow."""
+    view = memoryview(payload)
+    if len(view) < 2:
+        raise FrameError(f"tensor payload of {len(view)} bytes is shorter than its 2-byte header")
+    code, ndim = view[0], view[1]
+    if code >= len(_DTYPES):
+        raise FrameError(f"tensor dtype code {code} is unknown (0..{len(_DTYPES) - 1} allowed)")
+    if ndim > MAX_NDIM:
+        raise FrameError(f"tensor claims {ndim} dimensions, at most {MAX_NDIM} allowed")
+    head = 2 + 8 * ndim
+    if len(view) < head:
+        raise FrameError(f"tensor payload of {len(view)} bytes is shorter than its {head}-byte header")
+    shape = struct.unpack_from(f"<{ndim}Q", view, 2)
+    dtype = _DTYPES[code]
+    count = 1
+    for n in shape:
+        count *= n
+    if count * dtype.itemsize != len(view) - head:
+        raise FrameError(
+            f"tensor header says {dtype} {tuple(shape)} ({count * dtype.itemsize} bytes) "
+            f"but {len(view) - head} bytes follow"
+        )
+    return np.frombuffer(view[head:], dtype=dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------- connections
+
+
+class Frame:
+    """A received frame: ``kind``, ``flags``, ``tag`` and its ``payload`` bytes."""
+
+    __slots__ = ("kind", "flags", "tag", "payload")
+
+    def __init__(self, kind: int, flags: int, tag: int, payload: bytearray | memoryview):
+        self.kind = kind
+        self.flags = flags
+        self.tag = tag
+        self.payload = payload
+
+    def json(self) -> dict:
+        """The payload of a ``CONTROL`` frame as a dict (``FrameError`` if it is not one)."""
+        if self.kind != Kind.CONTROL:
+            raise FrameError(f"expected a CONTROL frame, got kind {self.kind}")
+        try:
+            value = json.loads(bytes(self.payload).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FrameError(f"CONTROL frame is not valid UTF-8 JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise FrameError(f"CONTROL frame must hold a JSON object, got {type(value).__name__}")
+        return value
+
+    def tensor(self) -> np.ndarray:
+        if self.kind != Kind.TENSOR:
+            raise FrameError(f"expected a TENSOR frame, got kind {self.kind}")
+        return decode_tensor(self.payload)
+
+
+class Connection:
+    """One authenticated TCP connection. Sends are serialized by a lock (any thread may
+    send); receives belong to one thread at a time. ``close()`` from any thread wakes a
+    thread blocked in a receive, which then raises ``ConnectionError``."""
+
+    def __init__(self, sock: socket.socket, peer: str, max_frame: int = MAX_FRAME):
+        self.sock = sock
+        self.peer = peer
+        self.max_frame = max_frame
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._header = bytearray(HEADER.size)
+
+    def __repr__(self) -> str:
+        return f"Connection({self.peer}{', closed' if self._closed else ''})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    # -------------------------------------------------------------- send
+
+    def send(self, kind: int, *parts: bytes | bytearray | memoryview, tag: int = 0, flags: int = 0) -> None:
+        """Send one frame whose payload is the concatenation of ``parts`` (sent from
+        where they lie, without joining them)."""
+        length = sum(memoryview(p).nbytes for p in parts)
+        if length > self.max_frame:
+            raise FrameError(f"frame of {length} bytes exceeds this connection's limit of {self.max_frame} bytes")
+        header = HEADER.pack(FRAME_MAGIC, VERSION, kind, flags, tag, length)
+        with self._send_lock:
+            self._sendall([header, *parts])
+
+    def send_json(self, obj: dict, tag: int = 0, flags: int = 0) -> None:
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        if len(data) > MAX_CONTROL:
+            raise FrameError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL} bytes")
+        self.send(Kind.CONTROL, data, tag=tag, flags=flags)
+
+    def send_tensor(self, array: np.ndarray, tag: int = 0, flags: int = 0) -> None:
+        meta, data = encode_tensor(array)
+        self.send(Kind.TENSOR, meta, data, tag=tag, flags=flags)
+
+    def _sendall(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
+        try:
+            while views:
+                sent = self.sock.sendmsg(views[:64])
+                while sent:
+                    if sent >= views[0].nbytes:
+                        sent -= views[0].nbytes
+                        views.pop(0)
+                    else:
+                        views[0] = views[0][sent:]
+                        sent = 0
+        except OSError as e:
+            self.close()
+            raise ConnectionError(f"connection to {self.peer} broke while sending: {e}") from None
+
+    # -------------------------------------------------------------- receive
+
+    def recv_header(self) -> tuple[int, int, int, int]:
+        """Read one frame header: ``(kind, flags, tag, length)``. The payload must then be
+        read whole with ``recv_into``/``recv_payload`` before the next header."""
+        self.recv_into(memoryview(self._header), what="a frame header")
+        magic, version, kind, flags, tag, length = HEADER.unpack(self._header)
+        if magic != FRAME_MAGIC:
+            self._refuse(f"bad frame magic {bytes(magic)!r} (expected {FRAME_MAGIC!r})")
+        if version != VERSION:
+            self._refuse(f"frame version {version} (this side speaks {VERSION})")
+        if kind not in Kind._value2member_map_:
+            self._refuse(f"unknown frame kind {kind}")
+        if length > self.max_frame:
+            self._refuse(f"frame claims {length} bytes, the limit is {self.max_frame}")
+        if kind == Kind.CONTROL and length > MAX_CONTROL:
+            self._refuse(f"control frame claims {length} bytes, the limit is {MAX_CONTROL}")
+        return kind, flags, tag, length
+
+    def recv(self) -> Frame:
+        """Read one whole frame into a fresh buffer."""
+        kind, flags, tag, length = self.recv_header()
+        payload = bytearray(length)
+        self.recv_into(memoryview(payload), what=f"a {length}-byte frame")
+        return Frame(kind, flags, tag, payload)
+
+    def recv_json(self) -> dict:
+        frame = self.recv()
+        try:
+            return frame.json()
+        except FrameError as e:
+            self._refuse(str(e))
+
+    def recv_into(self, view: memoryview, what: str = "data") -> None:
+        """Fill ``view`` exactly from the socket."""
+        view = view.cast("B")
+        got, n = 0, view.nbytes
+        try:
+            while got < n:
+                k = self.sock.recv_into(view[got:], n - got)
+                if k == 0:
+                    raise ConnectionError(f"{self.peer} closed the connection in the middle of {what}"
+                                          if got else f"{self.peer} closed the connection")
+                got += k
+        except TimeoutError:
+            self.close()
+            raise ConnectionError(f"{self.peer} sent nothing for {self.sock.gettimeout()} s while we waited for {what}") from None
+        except OSError as e:
+            self.close()
+            if isinstance(e, ConnectionError) and not isinstance(e, (ConnectionResetError, BrokenPipeError)):
+                raise
+            raise ConnectionError(f"connection to {self.peer} broke while receiving {what}: {e}") from None
+
+    def _refuse(self, reason: str) -> None:
+        log.warning("closing connection from %s: %s", self.peer, reason)
+        self.close()
+        raise FrameError(f"{self.peer}: {reason}")
+
+    # -------------------------------------------------------------- lifetime
+
+    def settimeout(self, seconds: float | None) -> None:
+        self.sock.settimeout(seconds)
+
+    def close(self) -> None:
+        """Close the connection; a thread blocked receiving on it wakes with ConnectionError."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _configure(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("closed during the handshake")
+        got += k
+    return bytes(buf)
+
+
+def _mac(token: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(token, label + a + b, hashlib.sha256).digest()
+
+
+def connect(
+    address: str | tuple[str, int],
+    token: bytes | str | None = None,
+    timeout: float = HANDSHAKE_TIMEOUT_S,
+    max_frame: int = MAX_FRAME,
+) -> Connection:
+    """Open an authenticated connection to ``address`` (``"host:port"``).
+
+    ``token`` defaults to ``load_token()``. Raises ``AuthError`` if the server does not
+    hold the same token, ``ConnectionError``/``OSError`` if it cannot be reached."""
+    key = token if isinstance(token, bytes) else load_token(token)
+    host, port = parse_address(address)
+    sock = socket.create_connection((host, port), timeout=timeout)
+    peer = f"{host}:{port}"
+    try:
+        _configure(sock)
+        deadline = time.monotonic() + timeout
+        magic, version, nonce_s = SERVER_HELLO.unpack(_recv_exact(sock, SERVER_HELLO.size, deadline))
+        if magic != HELLO_MAGIC:
+            raise AuthError(f"{peer} is not a shmpad endpoint (it greeted with {magic!r})")
+        if version != VERSION:
+            raise AuthError(f"{peer} speaks wire version {version}, this side speaks {VERSION}")
+        nonce_c = secrets.token_bytes(NONCE)
+        sock.sendall(CLIENT_HELLO.pack(HELLO_MAGIC, VERSION, nonce_c, _mac(key, b"shmpad client", nonce_s, nonce_c)))
+        try:
+            mac_s = _recv_exact(sock, MAC, deadline)
+        except ConnectionError:
+            raise AuthError(f"{peer} refused our token (it closed the connection during the handshake)") from None
+        if not hmac.compare_digest(mac_s, _mac(key, b"shmpad server", nonce_c, nonce_s)):
+            raise AuthError(f"{peer} does not hold our token (its proof did not match)")
+        sock.settimeout(None)
+    except TimeoutError:
+        sock.close()
+        raise AuthError(f"{peer} did not complete the handshake within {timeout} s") from None
+    except BaseException:
+        sock.close()
+        raise
+    return Connection(sock, peer, max_frame)
+
+
+def accept(
+    sock: socket.socket,
+    peer: str,
+    token: bytes,
+    timeout: float = HANDSHAKE_TIMEOUT_S,
+    max_frame: int = MAX_FRAME,
+) -> Connection:
+    """Run the server side of the handshake on a freshly accepted socket.
+
+    On failure the socket is closed, the reason logged, and ``AuthError`` raised; not a
+    byte the client sent is interpreted beyond the fixed-size hello."""
+    try:
+        _configure(sock)
+        deadline = time.monotonic() + timeout
+        nonce_s = secrets.token_bytes(NONCE)
+        sock.settimeout(timeout)
+        sock.sendall(SERVER_HELLO.pack(HELLO_MAGIC, VERSION, nonce_s))
+        magic, version, nonce_c, mac_c = CLIENT_HELLO.unpack(_recv_exact(sock, CLIENT_HELLO.size, deadline))
+        if magic != HELLO_MAGIC:
+            raise AuthError(f"refused {peer}: not a shmpad client (it sent {magic!r}...)")
+        if version != VERSION:
+            raise AuthError(f"refused {peer}: it speaks wire version {version}, this side speaks {VERSION}")
+        if not hmac.compare_digest(mac_c, _mac(token, b"shmpad client", nonce_s, nonce_c)):
+            raise AuthError(f"refused {peer}: wrong token")
+        sock.sendall(_mac(token, b"shmpad server", nonce_c, nonce_s))
+        sock.settimeout(None)
+    except TimeoutError:
+        sock.close()
+        log.warning("refused %s: no complete handshake within %s s", peer, timeout)
+        raise AuthError(f"refused {peer}: no complete handshake within {timeout} s") from None
+    except AuthError as e:
+        sock.close()
+        log.warning("%s", e)
+        raise
+    except OSError as e:
+        sock.close()
+        log.warning("refused %s: %s during the handshake", peer, e)
+        raise AuthError(f"refused {peer}: {e} during the handshake") from None
+    return Connection(sock, peer, max_frame)
+
+
+class Listener:
+    """A listening socket that authenticates every connection before handing it on.
+
+    ``handler(conn)`` runs in a thread of its own per authenticated connection; a client
+    that fails the handshake is logged and dropped without reaching it. Binds to
+    loopback unless ``host`` says otherwise; ``port=0`` picks a free port
+    (``address`` tells which)."""
+
+    def __init__(
+        self,
+        handler,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: bytes | str | None = None,
+        max_frame: int = MAX_FRAME,
+        name: str = "shmpad-listener",
+    ):
+        self._handler = handler
+        self._token = token if isinstance(token, bytes) else load_token(token)
+        self._max_frame = max_frame
+        self._name = name
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as e:
+            self._sock.close()
+            raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
+        self._sock.listen(128)
+        self.host, self.port = self._sock.getsockname()[:2]
+        self._closed = threading.Event()
+        self._conns: set[Connection] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, addr = self._sock.accept()
+            except OSError:
+                if self._closed.is_set():
+                    return
+                time.sleep(0.01)  # EMFILE and friends: do not spin
+                continue
+            peer = f"{addr[0]}:{addr[1]}"
+            threading.Thread(target=self._serve, args=(sock, peer), name=f"{self._name}-{peer}", daemon=True).start()
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
+        try:
+            conn = accept(sock, peer, self._token, max_frame=self._max_frame)
+        except AuthError:
+            return
+        with self._lock:
+            if self._closed.is_set():
+                conn.close()
+                return
+            self._conns.add(conn)
+        try:
+            self._handler(conn)
+        except (ConnectionError, FrameError):
+            pass
+        except Exception:
+            log.exception("handler for %s failed", peer)
+        finally:
+            conn.close()
+            with self._lock:
+                self._conns.discard(conn)
+
+    def close(self) -> None:
+        """Stop accepting and close every connection still open."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            conn.close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
