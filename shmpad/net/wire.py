@@ -173,8 +173,12 @@ def parse_address(address: str | tuple[str, int], default_port: int | None = Non
 
 def encode_tensor(array: np.ndarray) -> tuple[bytes, memoryview]:
     """The tensor header and a view of the array's bytes (no copy for a contiguous array)."""
-    array = np.ascontiguousarray(array)
-    code = _DTYPE_CODE.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+    array = np.asarray(array)
+    if array.dtype.byteorder == ">":  # the wire is little endian: swap the bytes, not just the label
+        array = array.astype(array.dtype.newbyteorder("<"))
+    if not array.flags.c_contiguous:  # not np.ascontiguousarray: it turns a 0-d array into 1-d
+        array = array.copy(order="C")
+    code = _DTYPE_CODE.get(array.dtype)
     if code is None:
         allowed = ", ".join(str(d) for d in _DTYPES)
         raise TypeError(f"tensor dtype {array.dtype} cannot travel; allowed: {allowed}")
@@ -209,7 +213,10 @@ def decode_tensor(payload: bytes | bytearray | memoryview) -> np.ndarray:
             f"tensor header says {dtype} {tuple(shape)} ({count * dtype.itemsize} bytes) "
             f"but {len(view) - head} bytes follow"
         )
-    return np.frombuffer(view[head:], dtype=dtype).reshape(shape)
+    try:
+        return np.frombuffer(view[head:], dtype=dtype).reshape(shape)
+    except ValueError as e:  # an empty tensor whose other dimensions numpy cannot index
+        raise FrameError(f"tensor header says {dtype} {tuple(shape)}: {e}") from None
 
 
 # ---------------------------------------------------------------- connections
