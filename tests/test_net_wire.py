@@ -1,0 +1,380 @@
+"""shmpad.net.wire: the handshake both ways, every kind of bad input refused with a log
+line (and nothing unpickled), tensors round-tripping, addresses and tokens.
+
+The ``send_*`` functions are attacks on a listening endpoint; ``test_net_broker`` aims
+them at a broker in a process of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import wait_until
+from shmpad.errors import AuthError
+from shmpad.errors import FrameError
+from shmpad.net import wire
+from shmpad.net.broker import Broker
+
+TOKEN = b"test-token-0123456789"
+HUNDRED_GIB = 100 << 30
+
+
+# ---------------------------------------------------------------- attacks
+
+
+class _RunsShell:
+    """Unpickling this runs ``touch path`` (through os.system): the payload of a pickle attack."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def pickle_bomb(path: str) -> bytes:
+    payload = pickle.dumps(_RunsShell(path))
+    assert b"system" in payload
+    return payload
+
+
+def _drain_until_closed(sock: socket.socket, timeout: float = 5.0) -> None:
+    """Read until the other side closes (frames it sent on the way are dropped)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:
+        pass
+
+
+def _raw_frame(kind: int, payload: bytes, length: int | None = None) -> bytes:
+    return wire.HEADER.pack(wire.FRAME_MAGIC, wire.VERSION, kind, 0, 0, len(payload) if length is None else length) + payload
+
+
+def send_wrong_token(address: str, token: bytes) -> None:
+    with pytest.raises(AuthError, match="refused our token"):
+        wire.connect(address, token + b"-not")
+
+
+def send_random_hello(address: str, token: bytes) -> int:
+    """Random bytes where the client's hello belongs; returns our port."""
+    with socket.create_connection(wire.parse_address(address), timeout=5) as sock:
+        port = sock.getsockname()[1]
+        sock.sendall(b"NOPE" + os.urandom(wire.CLIENT_HELLO.size - 4))
+        _drain_until_closed(sock)
+    return port
+
+
+def send_frame_bytes(address: str, token: bytes, data: bytes, join_first: bool = False) -> int:
+    """Authenticate (and join a broker's group if ``join_first``), then send ``data`` raw."""
+    conn = wire.connect(address, token)
+    try:
+        port = conn.sock.getsockname()[1]
+        if join_first:
+            conn.send_json({"op": "join", "group": "attack", "name": f"attacker-{port}", "address": "nowhere:1"})
+            assert conn.recv_json()["op"] == "welcome"
+        conn.sock.sendall(data)
+        _drain_until_closed(conn.sock)
+    finally:
+        conn.close()
+    return port
+
+
+def send_random_frame(address: str, token: bytes) -> int:
+    return send_frame_bytes(address, token, b"JUNK" + os.urandom(60))
+
+
+def send_huge_frame(address: str, token: bytes) -> int:
+    """A header that claims a 100 GiB payload (and no payload)."""
+    return send_frame_bytes(address, token, _raw_frame(wire.Kind.BYTES, b"", length=HUNDRED_GIB))
+
+
+def send_truncated_frame(address: str, token: bytes) -> int:
+    """A header that says 1000 bytes, then 10 bytes, then the connection closes."""
+    conn = wire.connect(address, token)
+    port = conn.sock.getsockname()[1]
+    conn.sock.sendall(_raw_frame(wire.Kind.CONTROL, b"{" * 10, length=1000))
+    conn.close()
+    return port
+
+
+def send_pickle(address: str, token: bytes, kind: int, path: str, join_first: bool = False) -> int:
+    return send_frame_bytes(address, token, _raw_frame(kind, pickle_bomb(path)), join_first)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def logs(caplog):
+    caplog.set_level(logging.INFO)
+    return caplog
+
+
+def log_line(caplog, text: str, port: int | None = None, timeout: float = 5.0) -> str:
+    """The log line that contains ``text`` (and ``:port``, if given), waiting for it."""
+
+    def find():
+        return next((r.getMessage() for r in caplog.records if text in r.getMessage() and (port is None or f":{port}" in r.getMessage())), None)
+
+    assert wait_until(lambda: find() is not None, timeout), f"no log line with {text!r} (port {port}) in:\n{caplog.text}"
+    return find()
+
+
+@pytest.fixture
+def listener():
+    """A Listener that echoes every frame; ``outcomes`` holds what its handlers received
+    (each Frame, and the exception that ended a connection)."""
+    outcomes: queue.Queue = queue.Queue()
+
+    def handle(conn: wire.Connection) -> None:
+        while True:
+            try:
+                frame = conn.recv()
+            except Exception as e:
+                outcomes.put(e)
+                raise
+            outcomes.put(frame)
+            if frame.kind == wire.Kind.CONTROL:
+                conn.send_json({"echo": frame.json()}, tag=frame.tag)
+            else:
+                conn.send(frame.kind, frame.payload, tag=frame.tag, flags=frame.flags)
+
+    with wire.Listener(handle, token=TOKEN) as lst:
+        lst.outcomes = outcomes
+        yield lst
+
+
+@pytest.fixture
+def broker():
+    with Broker(port=0, token=TOKEN, heartbeat_s=0.1, timeout_s=5.0, settle_s=0.05) as b:
+        yield b
+
+
+# ---------------------------------------------------------------- handshake
+
+
+def test_handshake_and_round_trip(listener):
+    with wire.connect(listener.address, TOKEN) as conn:
+        conn.send_json({"hello": [1, "two"]}, tag=7)
+        assert conn.recv_json() == {"echo": {"hello": [1, "two"]}}
+    assert listener.outcomes.get(timeout=5).tag == 7
+
+
+def test_wrong_token_refused_by_the_server(listener, logs):
+    send_wrong_token(listener.address, TOKEN)
+    assert "wrong token" in log_line(logs, "wrong token")
+    assert listener.outcomes.empty()
+
+
+def _fake_server(greeting: bytes, proof: bytes | None):
+    """A one-shot server that greets with ``greeting`` and answers a hello with ``proof``."""
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = sock.accept()
+        with conn:
+            conn.sendall(greeting)
+            if proof is not None:
+                conn.recv(wire.CLIENT_HELLO.size, socket.MSG_WAITALL)
+                conn.sendall(proof)
+            conn.recv(1)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return sock, thread, f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    "greeting, proof, message",
+    [
+        (wire.SERVER_HELLO.pack(wire.HELLO_MAGIC, wire.VERSION, os.urandom(32)), os.urandom(32), "does not hold our token"),
+        (b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n" + bytes(7), None, "is not a shmpad endpoint"),
+        (wire.SERVER_HELLO.pack(wire.HELLO_MAGIC, 99, os.urandom(32)), None, "speaks wire version 99"),
+    ],
+    ids=["server-without-token", "not-shmpad", "other-version"],
+)
+def test_client_refuses_a_server_that_fails_the_handshake(greeting, proof, message):
+    sock, thread, address = _fake_server(greeting, proof)
+    try:
+        with pytest.raises(AuthError, match=message):
+            wire.connect(address, TOKEN)
+    finally:
+        thread.join(5)
+        sock.close()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_random_bytes_instead_of_a_hello(listener, logs):
+    port = send_random_hello(listener.address, TOKEN)
+    assert "not a shmpad client" in log_line(logs, "refused", port)
+    assert listener.outcomes.empty()
+
+
+@pytest.mark.parametrize(
+    "attack, message",
+    [
+        (send_random_frame, "bad frame magic"),
+        (send_huge_frame, f"frame claims {HUNDRED_GIB} bytes, the limit is {wire.MAX_FRAME}"),
+    ],
+    ids=["random-bytes", "100-GiB"],
+)
+def test_bad_frame_closes_the_connection_with_a_log_line(listener, logs, attack, message):
+    port = attack(listener.address, TOKEN)
+    assert message in log_line(logs, "closing connection from", port)
+    outcome = listener.outcomes.get(timeout=5)
+    assert isinstance(outcome, FrameError) and message in str(outcome)
+    with wire.connect(listener.address, TOKEN) as conn:  # the listener goes on
+        conn.send_json({"still": "here"})
+        assert conn.recv_json() == {"echo": {"still": "here"}}
+
+
+def test_truncated_frame(listener):
+    send_truncated_frame(listener.address, TOKEN)
+    outcome = listener.outcomes.get(timeout=5)
+    assert isinstance(outcome, ConnectionError) and "in the middle of a 1000-byte frame" in str(outcome)
+
+
+def test_oversized_frame_is_refused_before_sending(listener):
+    with wire.connect(listener.address, TOKEN, max_frame=100) as conn:
+        with pytest.raises(FrameError, match="frame of 101 bytes exceeds this connection's limit of 100 bytes"):
+            conn.send(wire.Kind.BYTES, bytes(101))
+
+
+@pytest.mark.parametrize("join_first", [False, True], ids=["first-frame", "after-join"])
+@pytest.mark.parametrize("kind", list(wire.Kind), ids=[k.name for k in wire.Kind])
+def test_broker_never_unpickles(broker, logs, tmp_path, kind, join_first):
+    marker = tmp_path / "unpickled"
+    port = send_pickle(broker.address, TOKEN, kind, str(marker), join_first)
+    expected = "not valid UTF-8 JSON" if kind == wire.Kind.CONTROL else f"expected a CONTROL frame, got kind {int(kind)}"
+    assert expected in log_line(logs, "closing connection from", port)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- tensors
+
+DTYPES = [np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
+          np.uint8, np.uint16, np.uint32, np.uint64, np.bool_]
+SHAPES = [(), (0,), (3, 0, 2), (7,), (2, 3, 4)]
+
+
+def _sample(dtype, shape) -> np.ndarray:
+    values = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    return (values % 2).astype(dtype) if dtype is np.bool_ else (values * 3 - 5).astype(dtype)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_tensor_encode_decode(dtype, shape):
+    array = _sample(dtype, shape)
+    meta, data = wire.encode_tensor(array)
+    back = wire.decode_tensor(meta + bytes(data))
+    assert back.dtype == array.dtype and back.shape == array.shape
+    np.testing.assert_array_equal(back, array)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.arange(24, dtype=np.float32).reshape(4, 6)[::2, 1::2], np.arange(5, dtype=">i4"), np.array(2.5, dtype=">f8")],
+    ids=["strided", "big-endian", "big-endian-0d"],
+)
+def test_tensor_layouts_travel_as_values(array):
+    meta, data = wire.encode_tensor(array)
+    back = wire.decode_tensor(meta + bytes(data))
+    assert back.shape == array.shape and back.dtype == array.dtype.newbyteorder("=")
+    np.testing.assert_array_equal(back, array)
+
+
+def test_tensors_over_a_connection(listener):
+    with wire.connect(listener.address, TOKEN) as conn:
+        for i, (dtype, shape) in enumerate((d, s) for d in DTYPES for s in SHAPES):
+            array = _sample(dtype, shape)
+            conn.send_tensor(array, tag=i)
+            frame = conn.recv()
+            assert frame.tag == i
+            back = frame.tensor()
+            assert back.dtype == array.dtype and back.shape == array.shape
+            np.testing.assert_array_equal(back, array)
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        (b"\x00", "shorter than its 2-byte header"),
+        (bytes([12, 0]), "dtype code 12 is unknown"),
+        (bytes([0, 17]), "claims 17 dimensions, at most 16"),
+        (bytes([0, 2]) + bytes(8), "shorter than its 18-byte header"),
+        (struct.pack("<BBQ", 0, 1, 3) + bytes(8), r"says float32 \(3,\) \(12 bytes\) but 8 bytes follow"),
+        (struct.pack("<BBQ", 0, 1, 1 << 62) + bytes(4), "but 4 bytes follow"),
+        (struct.pack("<BBQQ", 0, 2, (1 << 64) - 1, 0), "says float32"),
+    ],
+    ids=["short", "dtype", "ndim", "short-shape", "size-mismatch", "huge", "huge-empty"],
+)
+def test_decode_tensor_rejects_bad_headers(payload, message):
+    with pytest.raises(FrameError, match=message):
+        wire.decode_tensor(payload)
+
+
+def test_encode_tensor_rejects_what_cannot_travel():
+    with pytest.raises(TypeError, match="tensor dtype complex64 cannot travel; allowed: float32"):
+        wire.encode_tensor(np.zeros(2, np.complex64))
+    with pytest.raises(ValueError, match="tensor has 17 dimensions, at most 16"):
+        wire.encode_tensor(np.zeros((1,) * 17, np.float32))
+
+
+# ---------------------------------------------------------------- addresses and tokens
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [("10.0.0.1:4431", ("10.0.0.1", 4431)), ("[::1]:80", ("::1", 80)), (("h", 5), ("h", 5)), ("host:0", ("host", 0))],
+)
+def test_parse_address(address, expected):
+    assert wire.parse_address(address) == expected
+
+
+@pytest.mark.parametrize(
+    "address, error, message",
+    [
+        ("localhost", ValueError, "address 'localhost' has no port; use HOST:PORT"),
+        ("h:http", ValueError, "address 'h:http': port 'http' is not a number"),
+        (":4431", ValueError, "address ':4431' has no host"),
+        ("h:70000", ValueError, "address 'h:70000': port must be in 0..65535, got 70000"),
+        (4431, TypeError, "got int"),
+    ],
+)
+def test_parse_address_errors_name_the_value(address, error, message):
+    with pytest.raises(error, match=message):
+        wire.parse_address(address)
+
+
+def test_load_token(tmp_path, monkeypatch):
+    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    with pytest.raises(AuthError, match=r"no token: set \$SHMPAD_TOKEN"):
+        wire.load_token()
+    monkeypatch.setenv(wire.TOKEN_ENV, " from-env\n")
+    assert wire.load_token() == b"from-env"
+    assert wire.load_token("given") == b"given"
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert wire.load_token(token_file=path) == b"from-file"
+    path.write_text(" \n")
+    with pytest.raises(AuthError, match=f"token file '{path}' is empty"):
+        wire.load_token(token_file=path)
+    with pytest.raises(AuthError, match=f"cannot read token file '{tmp_path / 'nope'}': No such file"):
+        wire.load_token(token_file=tmp_path / "nope")
+    monkeypatch.setenv(wire.TOKEN_ENV, "")
+    with pytest.raises(AuthError, match=r"\$SHMPAD_TOKEN is empty"):
+        wire.load_token()
