@@ -40,7 +40,7 @@ class SetupFailed(Exception):
 
 
 def _ip(*args: str, check: bool = True) -> str:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if check and result.returncode != 0:
         raise SetupFailed(f"`ip {' '.join(args)}` failed: {result.stderr.strip() or result.returncode}")
     return result.stdout

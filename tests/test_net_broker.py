@@ -263,7 +263,9 @@ def test_rejoin_with_the_same_name_replaces(start_broker, clients):
         newer = clients(broker, "g", "x", "newer:3")  # a live client that is replaced stops
         wait_for(observer, lambda m: m.members[1:] == (Member("x", "newer:3"),), "x at newer:3")
         assert wait_until(lambda: not new.connected and "replaced" in (new.last_error or ""), 5)
-        assert new.wait_membership(new.membership().key, timeout=0.3) is None
+        started = time.monotonic()
+        assert new.wait_membership(new.membership().key, timeout=0.3) is None  # blocks: nothing new comes
+        assert time.monotonic() - started >= 0.3
         assert newer.connected and observer.membership().names == ("observer", "x")
     finally:
         old.close()
@@ -472,9 +474,13 @@ def test_close_does_not_wait_for_a_mute_broker():
     with wire.Listener(mute, token=TOKEN) as listener:
         client = GroupClient(listener.address, "g", "a", "a:1", token=TOKEN).start()
         assert joined.wait(10)
+        waited: list = []
+        waiter = threading.Thread(target=lambda: waited.append(client.wait_membership(timeout=30)))
+        waiter.start()
         started = time.monotonic()
         client.close()
-        assert time.monotonic() - started < 1.0
+        waiter.join(5)
+        assert time.monotonic() - started < 1.0 and waited == [None]
         assert client.membership() is None and not client.connected
         client.close()  # idempotent
 
@@ -482,6 +488,8 @@ def test_close_does_not_wait_for_a_mute_broker():
 def test_client_arguments_are_checked():
     with pytest.raises(ValueError, match="join: name must be at most 128 characters, got 200"):
         GroupClient("127.0.0.1:1", "g", "n" * 200, "a:1", token=TOKEN)
+    with pytest.raises(TypeError, match="join: address must be a string, got 7"):
+        GroupClient("127.0.0.1:1", "g", "n", 7, token=TOKEN)
     with pytest.raises(ValueError, match="address 'nowhere' has no port"):
         GroupClient("nowhere", "g", "n", "a:1", token=TOKEN)
 

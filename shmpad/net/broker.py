@@ -56,13 +56,13 @@ LIST_ROOM = wire.MAX_CONTROL - 4096  # a member list must fit one control frame,
 
 
 def validate_join(msg: dict) -> tuple[str, str, str]:
-    """``(group, name, address)`` of a join message; ``ValueError`` saying what is wrong."""
+    """``(group, name, address)`` of a join message; ``TypeError``/``ValueError`` saying what is wrong."""
     if msg.get("op") != "join":
         raise ValueError(f"the first message must be a join, got op {_show(msg.get('op'))}")
     for key, limit in (("group", MAX_NAME), ("name", MAX_NAME), ("address", MAX_ADDRESS)):
         value = msg.get(key)
         if not isinstance(value, str):
-            raise ValueError(f"join: {key} must be a string, got {_show(value)}")
+            raise TypeError(f"join: {key} must be a string, got {_show(value)}")
         if key != "address" and not value:
             raise ValueError(f"join: {key} must not be empty")
         if len(value) > limit:
@@ -174,7 +174,7 @@ class Broker:
         conn.settimeout(self.timeout_s)
         try:
             group, name, address = validate_join(conn.recv_json())
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             _refuse(conn, str(e))
             return
         except FrameError:

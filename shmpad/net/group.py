@@ -101,6 +101,7 @@ class GroupClient:
         self._heartbeat_s = 1.0
         self._last_error: str | None = None
         self._stop = threading.Event()
+        self._replaced = False  # another client joined under our name: we stay out
         self._threads: list[threading.Thread] = []
 
     def __repr__(self) -> str:
@@ -130,8 +131,9 @@ class GroupClient:
 
     @property
     def last_error(self) -> str | None:
-        """Why the last attempt to join failed (a wrong token, a refused join, no broker);
-        None once a join succeeds."""
+        """Why the last attempt to join failed (a wrong token, a refused join, no broker)
+        or the connection ended; None once a join succeeds. A client whose name another
+        client took over (the broker says ``replaced``) stops joining and says so here."""
         return self._last_error
 
     def membership(self) -> Membership | None:
@@ -181,7 +183,7 @@ class GroupClient:
 
     def _run(self) -> None:
         backoff = FIRST_BACKOFF_S
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._replaced:
             joined = False
             try:
                 conn = wire.connect(self.broker, self._token, timeout=CONNECT_TIMEOUT_S, max_frame=wire.MAX_CONTROL)
@@ -193,7 +195,7 @@ class GroupClient:
                 joined = self._session(conn)
             if joined:
                 backoff = FIRST_BACKOFF_S
-            if self._stop.wait(backoff):
+            if self._replaced or self._stop.wait(backoff):
                 return
             backoff = min(backoff * 2, self._reconnect_max_s)
 
@@ -247,10 +249,8 @@ class GroupClient:
     def _refused(self, msg: dict) -> None:
         self._error(f"broker {self.broker} refused {self.name!r} in {self.group!r}: {msg.get('message', msg)}")
         if msg.get("replaced"):
-            log.error("%r stops: another peer joined %r under the same name", self.name, self.group)
-            self._stop.set()
-            with self._cond:
-                self._cond.notify_all()
+            log.error("%r stops joining %r: another peer joined under the same name", self.name, self.group)
+            self._replaced = True
 
     def _deliver(self, membership: Membership) -> None:
         with self._cond:
