@@ -79,6 +79,9 @@ SERVER_HELLO = struct.Struct("<4sB32s")  # 37 B
 CLIENT_HELLO = struct.Struct("<4sB32s32s")  # 69 B
 HEADER = struct.Struct("<4sBBHQQ")  # 24 B
 
+MAX_HANDSHAKES = 64
+"""connections a listener authenticates at once; more are closed unread (a flood of
+silent clients cannot turn into a flood of threads)"""
 MAX_FRAME = 256 << 20  # default bound of one frame's payload; tensors travel in chunks below it
 MAX_CONTROL = 1 << 20
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -408,7 +411,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
         sock.settimeout(remaining)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise ConnectionError("closed during the handshake")
+            raise ConnectionError("the connection closed")
         got += k
     return bytes(buf)
 
@@ -427,7 +430,7 @@ def connect(
 
     ``token`` defaults to ``load_token()``. Raises ``AuthError`` if the server does not
     hold the same token, ``ConnectionError``/``OSError`` if it cannot be reached."""
-    key = token if isinstance(token, bytes) else load_token(token)
+    key = load_token(token)
     host, port = parse_address(address)
     sock = socket.create_connection((host, port), timeout=timeout)
     peer = f"{host}:{port}"
@@ -516,7 +519,7 @@ class Listener:
         name: str = "shmpad-listener",
     ):
         self._handler = handler
-        self._token = token if isinstance(token, bytes) else load_token(token)
+        self._token = load_token(token)
         self._max_frame = max_frame
         self._name = name
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -530,6 +533,7 @@ class Listener:
         self._sock.listen(128)
         self.host, self.port = self._sock.getsockname()[:2]
         self._closed = threading.Event()
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
@@ -549,6 +553,10 @@ class Listener:
                 time.sleep(0.01)  # EMFILE and friends: do not spin
                 continue
             peer = f"{addr[0]}:{addr[1]}"
+            if not self._handshakes.acquire(blocking=False):
+                log.warning("refused %s: %d handshakes already in progress", peer, MAX_HANDSHAKES)
+                sock.close()
+                continue
             threading.Thread(target=self._serve, args=(sock, peer), name=f"{self._name}-{peer}", daemon=True).start()
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
@@ -556,6 +564,8 @@ class Listener:
             conn = accept(sock, peer, self._token, max_frame=self._max_frame)
         except AuthError:
             return
+        finally:
+            self._handshakes.release()
         with self._lock:
             if self._closed.is_set():
                 conn.close()
