@@ -18,6 +18,10 @@ timed out) is dropped, and a ring that saw a timeout is never reused.
 A message larger than a slot travels in a one-off segment that the receiver
 unlinks; the slot carries a ``_Spill`` naming it.
 
+How a call and its outcome are pickled, reported and raised again (``dumps``,
+``failure``, ``unpack_reply``) and the clients' surface (``MethodCalls``,
+``FutureMethods``) are shared with the TCP transport, ``shmpad.net.rpc``.
+
 The server runs handlers concurrently on up to ``threads`` threads, leader /
 followers style: one thread at a time waits on the request ring; when it takes a
 request it hands the wait to the next thread and runs the handler itself, so a
@@ -101,16 +105,21 @@ class _Spill:
         return (_Spill, (self.name, self.size))
 
 
-def _dumps(obj: Any) -> bytes:
+def dumps(obj: Any, buffers: list | None = None) -> bytes:
+    """``obj`` pickled (protocol 5), by cloudpickle if pickle cannot. With ``buffers``,
+    large contiguous buffers (numpy arrays) are appended to it instead of copied in."""
+    callback = None if buffers is None else buffers.append
     try:
-        return pickle.dumps(obj, protocol=5)
+        return pickle.dumps(obj, protocol=5, buffer_callback=callback)
     except (pickle.PicklingError, AttributeError, TypeError):
         # lambdas, local classes: cloudpickle pickles them by value
-        return cloudpickle.dumps(obj, protocol=5)
+        if buffers is not None:
+            buffers.clear()
+        return cloudpickle.dumps(obj, protocol=5, buffer_callback=callback)
 
 
 def _encode(obj: Any, slot_size: int) -> bytes:
-    data = _dumps(obj)
+    data = dumps(obj)
     return data if len(data) <= slot_size else _spill(data)
 
 
@@ -121,16 +130,17 @@ _REPLY = struct.Struct("<qB")
 
 
 def _encode_reply(call_id: int, ok: bool, value: Any, slot_size: int) -> bytes:
-    body = _dumps(value)
+    body = dumps(value)
     if _REPLY.size + len(body) > slot_size:
         body = _spill(body)
     return _REPLY.pack(call_id, ok) + body
 
 
-def _unpack(ok: int, body: bytes) -> Any:
-    """The result of a reply's body, or its exception raised."""
+def unpack_reply(ok: int, body: Any, decode: Callable[[Any], Any] | None = None) -> Any:
+    """The result of a reply's body, or its exception raised (``decode`` unpickles the
+    body; by default as this module's replies, spills included)."""
     try:
-        value = _decode(body)
+        value = (decode or _decode)(body)
     except Exception as e:
         raise RemoteError(f"the reply could not be unpickled here: {type(e).__name__}: {e}") from None
     if ok:
@@ -338,17 +348,15 @@ class RpcServer:
                 t.start()
 
     def _handle(self, data: bytes) -> None:
-        reply_to = None
         try:
             call_id, reply_to, method, args, kwargs = _decode(data)
+        except BaseException:
+            traceback.print_exc()  # undecodable request: nobody to tell
+            return
+        try:
             reply = (call_id, True, self._lookup(method)(*args, **kwargs))
         except BaseException as e:
-            if reply_to is None:
-                traceback.print_exc()  # undecodable request: nobody to tell
-                return
-            if not isinstance(e, Exception):  # SystemExit, KeyboardInterrupt: not for the caller to re-raise
-                e = RemoteError(f"the handler raised {type(e).__name__}: {e}")
-            reply = (call_id, False, (_portable(e), traceback.format_exc()))
+            reply = (call_id, False, failure(e))
         self._reply(reply_to, reply)
 
     def _reply(self, reply_to: str, reply: tuple) -> None:
@@ -359,8 +367,7 @@ class RpcServer:
         try:
             payload = _encode_reply(call_id, ok, value, ring.slot_size)
         except Exception as e:
-            err = RemoteError(f"the server could not pickle the result of the call: {type(e).__name__}: {e}")
-            payload = _encode_reply(call_id, False, (err, traceback.format_exc()), ring.slot_size)
+            payload = _encode_reply(call_id, False, unpicklable_result(e), ring.slot_size)
         try:
             ring.put(payload, timeout=REPLY_PUT_TIMEOUT_S)
         except Closed:
@@ -387,16 +394,31 @@ class RpcServer:
 _SYNC_TAG = "s"
 
 
+def failure(exc: BaseException) -> tuple[BaseException, str]:
+    """What the reply of a call that raised ``exc`` carries (call it in the ``except``
+    block): ``exc`` and the traceback; a ``RemoteError`` in place of an exception that
+    cannot be pickled or is not for the caller to re-raise."""
+    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt
+        exc = RemoteError(f"the handler raised {type(exc).__name__}: {exc}")
+    return _portable(exc), traceback.format_exc()
+
+
+def unpicklable_result(exc: Exception) -> tuple[RemoteError, str]:
+    """The failure a reply carries instead of a result that could not be pickled."""
+    err = RemoteError(f"the server could not pickle the result of the call: {type(exc).__name__}: {exc}")
+    return err, traceback.format_exc()
+
+
 def _portable(exc: BaseException) -> BaseException:
     """``exc`` if it survives pickling, else a ``RemoteError`` carrying its type and message."""
     try:
-        pickle.loads(_dumps(exc))
+        pickle.loads(dumps(exc))
         return exc
     except Exception:
         return RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
 
 
-class _Methods:
+class FutureMethods:
     """``client.futures``: attribute access gives a function returning a Future."""
 
     def __init__(self, client: "RpcClient"):
@@ -418,7 +440,39 @@ class _Methods:
         return self._client.call_future("__call__", args, kwargs)
 
 
-class RpcClient:
+class MethodCalls:
+    """``client.m(...)`` for any public name ``m``, and ``client(...)``: each is
+    ``self.call(name, args, kwargs)``. The surface the RPC clients share."""
+
+    def __getattr__(self, method: str) -> Callable:
+        if method.startswith("_") and method != "__call__":
+            raise AttributeError(method)
+
+        def call(*args, **kwargs):
+            return self.call(method, args, kwargs)
+
+        call.__name__ = method
+        self.__dict__[method] = call  # later lookups skip __getattr__
+        return call
+
+    def __call__(self, *args, **kwargs):
+        return self.call("__call__", args, kwargs)
+
+
+def check_call_timeout(call_timeout: Any) -> None:
+    """``TypeError``/``ValueError`` unless ``call_timeout`` is None or a number > 0."""
+    if call_timeout is not None:
+        if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)):
+            raise TypeError(f"call_timeout must be a number or None, got {type(call_timeout).__name__}")
+        if not call_timeout > 0:
+            raise ValueError(f"call_timeout must be > 0 or None, got {call_timeout}")
+
+
+def timeout_error(method: str, server: str, call_timeout: float | None) -> Timeout:
+    return Timeout(f"call to {method!r} on {server!r} did not complete within call_timeout={call_timeout} s")
+
+
+class RpcClient(MethodCalls):
     """Calls a server's methods: ``client.m(...)`` blocks, ``client.futures.m(...)``
     returns a ``concurrent.futures.Future``. Safe to share between threads.
 
@@ -427,19 +481,17 @@ class RpcClient:
     a call waits for it (within the same limit).
     """
 
+    transport = "shm"
+
     def __init__(self, address: str, call_timeout: float | None = None, name: str | None = None):
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
-        if call_timeout is not None:
-            if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)):
-                raise TypeError(f"call_timeout must be a number or None, got {type(call_timeout).__name__}")
-            if not call_timeout > 0:
-                raise ValueError(f"call_timeout must be > 0 or None, got {call_timeout}")
+        check_call_timeout(call_timeout)
         self.address = address
         self.call_timeout = call_timeout
         self._name = name or address
         self._ids = itertools.count()
-        self.futures = _Methods(self)
+        self.futures = FutureMethods(self)
         self._reset()
 
     def _reset(self) -> None:
@@ -457,20 +509,6 @@ class RpcClient:
         self._pump_cond = threading.Condition()
         self._pump_idle = False
         self._last_pump = 0.0
-
-    def __getattr__(self, method: str) -> Callable:
-        if method.startswith("_") and method != "__call__":
-            raise AttributeError(method)
-
-        def call(*args, **kwargs):
-            return self.call(method, args, kwargs)
-
-        call.__name__ = method
-        self.__dict__[method] = call  # later lookups skip __getattr__
-        return call
-
-    def __call__(self, *args, **kwargs):
-        return self.call("__call__", args, kwargs)
 
     def __reduce__(self):
         return (RpcClient, (self.address, self.call_timeout, self._name))
@@ -523,7 +561,7 @@ class RpcClient:
                 break
             _drop(data[_REPLY.size :])  # the late reply of an earlier call
         self._pool.append(ring)
-        return _unpack(ok, data[_REPLY.size :])
+        return unpack_reply(ok, data[_REPLY.size :])
 
     def call_future(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Future:
         """Like ``call``, but returns at once with a Future of the result."""
@@ -636,7 +674,7 @@ class RpcClient:
                 raise Closed(f"courier server {self._name!r} is stopped: cannot call {method!r}") from None
 
     def _timeout_error(self, method: str) -> Timeout:
-        return Timeout(f"call to {method!r} on {self._name!r} did not complete within call_timeout={self.call_timeout} s")
+        return timeout_error(method, self._name, self.call_timeout)
 
     def _start_futures(self) -> MPMCRing:
         with self._lock:
@@ -703,11 +741,11 @@ class RpcClient:
             return
         fut = entry[0]
         try:
-            value = _unpack(ok, data[_REPLY.size :])
+            value = unpack_reply(ok, data[_REPLY.size :])
         except BaseException as e:
-            _settle(fut, Future.set_exception, e)
+            settle(fut, Future.set_exception, e)
         else:
-            _settle(fut, Future.set_result, value)
+            settle(fut, Future.set_result, value)
 
     def _background_pump(self, ring: MPMCRing) -> None:
         cond = self._pump_cond
@@ -735,16 +773,16 @@ class RpcClient:
         now = time.monotonic()
         for call_id, (fut, deadline, method) in list(self._pending.items()):
             if deadline is not None and now >= deadline and self._pending.pop(call_id, None) is not None:
-                _settle(fut, Future.set_exception, self._timeout_error(method))
+                settle(fut, Future.set_exception, self._timeout_error(method))
 
     def _fail_pending(self, error: Callable[[str], BaseException]) -> None:
         for call_id in list(self._pending):
             entry = self._pending.pop(call_id, None)
             if entry is not None:
-                _settle(entry[0], Future.set_exception, error(entry[2]))
+                settle(entry[0], Future.set_exception, error(entry[2]))
 
 
-def _settle(fut: Future, how: Callable[[Future, Any], None], value: Any) -> None:
+def settle(fut: Future, how: Callable[[Future, Any], None], value: Any) -> None:
     try:
         how(fut, value)
     except InvalidStateError:
