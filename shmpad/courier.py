@@ -3,12 +3,31 @@
 On one box the calls travel through shared-memory rings (``shmpad.rpc``): the
 launcher creates the node's request ring before anything starts, so a call made
 before the server is up waits in the ring until it is served.
+
+A node given ``courier_kwargs={"listen": "HOST:PORT"}`` also serves the same object
+over authenticated TCP (``shmpad.net.rpc``), for clients on other hosts. The
+launcher reserves the port before anything starts (a bound socket, not listening:
+connections are refused, and clients retry, until the node listens there), so the
+address is known to every handle from the start. Nothing listens unless asked to,
+and the host defaults to loopback.
+
+Choosing the transport. A handle knows the node's ring, the identity of its host
+and its TCP address if it has one; ``dereference()`` gives a shared-memory client
+on that host (while the ring exists) and a TCP client elsewhere.
+``SHMPAD_TRANSPORT=shm|tcp`` in the dereferencing process forces one (default
+``auto``). A handle pickles to just that (no token), so another program, on another
+host, can unpickle and dereference it; ``CourierHandle.from_address`` makes one
+from a TCP address.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from shmpad import context
 from shmpad.node import Handle
@@ -16,19 +35,111 @@ from shmpad.python_node import PyClassNode
 from shmpad.ringbuf import MPMCRing
 from shmpad.rpc import RpcClient, RpcServer, create_request_ring
 
-__all__ = ["CourierNode", "CourierHandle", "CourierClient"]
+__all__ = ["CourierNode", "CourierHandle", "CourierClient", "Endpoint", "TRANSPORT_ENV", "host_identity"]
 
 CourierClient = RpcClient
 
+TRANSPORT_ENV = "SHMPAD_TRANSPORT"
+_TRANSPORTS = ("auto", "shm", "tcp")
 _SERVER_JOIN_S = 5.0
+_SHM_DIR = "/dev/shm"
+
+
+class TcpTransport(NamedTuple):
+    """What ``shmpad.net.rpc`` lends courier nodes. This layer may not import the
+    network layer below it, so that module registers itself here when imported
+    (``import shmpad`` imports it)."""
+
+    reserve: Callable  # (listen) -> (bound socket, address to listen on, address to advertise)
+    load_token: Callable  # (token_file=None) -> bytes
+    parse_address: Callable  # ("HOST:PORT") -> (host, port)
+    server: Callable  # (obj, address, token, threads=) -> object with close()
+    client: Callable  # (address, call_timeout=, name=, token_file=) -> client
+
+
+_tcp: TcpTransport | None = None
+
+
+def register_tcp_transport(transport: TcpTransport) -> None:
+    global _tcp
+    _tcp = transport
+
+
+def _tcp_transport() -> TcpTransport:
+    if _tcp is None:
+        raise RuntimeError("courier nodes reach TCP through shmpad.net.rpc, which is not imported: import shmpad.net.rpc")
+    return _tcp
+
+
+def host_identity() -> str:
+    """This host as handles tell it apart: its name and the id of its current boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "unknown-boot"
+    return f"{socket.gethostname()}/{boot}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a courier node's server is reached: all a handle carries to another process."""
+
+    name: str
+    ring: str | None = None  # the shared-memory request ring
+    host: str | None = None  # host_identity() of the host the ring is on
+    tcp: str | None = None  # "HOST:PORT" it listens on, if it does
+    token_file: str | None = None  # where its clients read the token, if not $SHMPAD_TOKEN
+
+
+def _choose_transport(ep: Endpoint) -> str:
+    """``"shm"`` or ``"tcp"``: what a client of ``ep`` made in this process uses."""
+    wanted = os.environ.get(TRANSPORT_ENV) or "auto"
+    if wanted not in _TRANSPORTS:
+        raise ValueError(f"${TRANSPORT_ENV} must be one of {list(_TRANSPORTS)}, got {wanted!r}")
+    listen_hint = "give it courier_kwargs={'listen': 'HOST:PORT'}"
+    if wanted == "shm":
+        if ep.ring is None:
+            raise ValueError(f"${TRANSPORT_ENV}=shm, but {ep.name} has no shared-memory ring (its handle was made from a TCP address)")
+        return "shm"
+    same_host = wanted == "auto" and ep.ring is not None and ep.host == host_identity()
+    if same_host and (ep.tcp is None or os.path.exists(os.path.join(_SHM_DIR, ep.ring.lstrip("/")))):
+        return "shm"  # (a ring gone with its program: TCP if the node listens, else wait for it as before)
+    if ep.tcp is None:
+        if wanted == "tcp":
+            raise ValueError(f"${TRANSPORT_ENV}=tcp, but {ep.name} does not listen on TCP; {listen_hint}")
+        raise RuntimeError(f"{ep.name} is on another host and does not listen on TCP; {listen_hint}")
+    return "tcp"
 
 
 class CourierHandle(Handle):
-    """A courier node's handle; ``dereference()`` gives a client of its server."""
+    """A courier node's handle; ``dereference()`` gives a client of its server
+    (``RpcClient`` over shared memory on the node's host, ``TcpRpcClient`` elsewhere)."""
 
-    def __init__(self, node: "CourierNode", **client_kwargs: Any):
+    def __init__(self, node: CourierNode | None = None, endpoint: Endpoint | None = None, **client_kwargs: Any):
+        if (node is None) == (endpoint is None):
+            raise TypeError("CourierHandle takes a node or an endpoint (not both)")
         self._node = node
+        self._endpoint = endpoint
         self._client_kwargs = client_kwargs
+
+    @classmethod
+    def from_address(
+        cls, address: str, *, name: str | None = None, token_file: str | os.PathLike | None = None
+    ) -> CourierHandle:
+        """A handle of the courier server listening at ``address``
+        (``"tcp://HOST:PORT"`` or ``"HOST:PORT"``), say one another host launched. Its
+        clients read the token from ``token_file``, else ``$SHMPAD_TOKEN``."""
+        if not isinstance(address, str):
+            raise TypeError(f"address must be a str like 'tcp://HOST:PORT', got {type(address).__name__}")
+        scheme, sep, rest = address.partition("://")
+        if sep and scheme != "tcp":
+            raise ValueError(f"address {address!r}: only tcp:// addresses are allowed")
+        rest = rest if sep else address
+        host, port = _tcp_transport().parse_address(rest)
+        tcp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        token_file = None if token_file is None else os.fspath(token_file)
+        return cls(endpoint=Endpoint(name or f"courier server at {tcp}", tcp=tcp, token_file=token_file))
 
     def set_client_kwargs(self, **client_kwargs: Any) -> None:
         """Keyword arguments of the clients this handle makes (``call_timeout=``)."""
@@ -38,14 +149,35 @@ class CourierHandle(Handle):
         self._client_kwargs = client_kwargs
 
     @property
+    def endpoint(self) -> Endpoint:
+        return self._endpoint if self._node is None else self._node.endpoint
+
+    @property
     def address(self) -> str:
-        return self._node.address
+        """The node's shared-memory request ring."""
+        ring = self.endpoint.ring
+        if ring is None:
+            raise AttributeError(f"{self.endpoint.name} has no shared-memory ring; its TCP address is {self.tcp_address!r}")
+        return ring
 
-    def dereference(self) -> RpcClient:
-        return RpcClient(self._node.address, name=self._node.display_name, **self._client_kwargs)
+    @property
+    def tcp_address(self) -> str | None:
+        """``"HOST:PORT"`` where the node listens on TCP, or None."""
+        return self.endpoint.tcp
 
-    def release(self, dereferenced: RpcClient) -> None:
+    def dereference(self) -> Any:
+        ep = self.endpoint
+        if _choose_transport(ep) == "shm":
+            return RpcClient(ep.ring, name=ep.name, **self._client_kwargs)
+        return _tcp_transport().client(ep.tcp, name=ep.name, token_file=ep.token_file, **self._client_kwargs)
+
+    def release(self, dereferenced: Any) -> None:
         dereferenced.close()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        if self._node is not None and not self._node.allocated:
+            return super().__reduce_ex__(protocol)  # not launched yet: the node goes along
+        return (_handle, (self.endpoint, self._client_kwargs))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -56,23 +188,46 @@ class CourierHandle(Handle):
         )
 
 
+def _handle(endpoint: Endpoint, client_kwargs: dict) -> CourierHandle:
+    return CourierHandle(endpoint=endpoint, **client_kwargs)
+
+
 class CourierNode(PyClassNode):
     """Serves every public method (and ``__call__``) of ``constructor(*args, **kwargs)``.
 
-    Up to ``courier_kwargs['thread_pool_size']`` (16) calls run at once. If the object
-    has ``run()``, the server stops when ``run()`` returns; otherwise it serves until
-    the program stops.
+    ``courier_kwargs``: ``thread_pool_size`` (16) calls run at once on each transport;
+    ``listen`` (``"HOST:PORT"``, or a port on 127.0.0.1; port 0 picks a free one;
+    ``"0.0.0.0:PORT"`` to be reached from other hosts) serves over TCP too, with the
+    token from ``token_file`` or ``$SHMPAD_TOKEN`` (read at launch). If the object has
+    ``run()``, the server stops when ``run()`` returns; otherwise it serves until the
+    program stops.
     """
 
     def __init__(self, constructor: Callable[..., Any], *args: Any, courier_kwargs: dict | None = None, **kwargs: Any):
         super().__init__(constructor, *args, **kwargs)
-        courier_kwargs = dict(courier_kwargs or {})
-        threads = courier_kwargs.pop("thread_pool_size", 16)
-        if courier_kwargs:
-            raise TypeError(f"unknown courier_kwargs {sorted(courier_kwargs)}: allowed: ['thread_pool_size']")
+        options = dict(courier_kwargs or {})
+        threads = options.pop("thread_pool_size", 16)
+        listen = options.pop("listen", None)
+        token_file = options.pop("token_file", None)
+        if options:
+            raise TypeError(
+                f"unknown courier_kwargs {sorted(options)}: allowed: ['thread_pool_size'], "
+                "and 'listen' and 'token_file' to serve over TCP too"
+            )
+        if listen is not None and (isinstance(listen, bool) or not isinstance(listen, (str, int))):
+            raise TypeError(f"courier_kwargs['listen'] must be 'HOST:PORT' or a port number, got {type(listen).__name__}")
+        if token_file is not None:
+            if listen is None:
+                raise ValueError("courier_kwargs['token_file'] is for TCP; give courier_kwargs['listen'] too")
+            token_file = os.fspath(token_file)
         self._threads = threads
+        self._listen = listen
+        self._token_file = token_file
         self._ring = None
-        self._address: str | None = None
+        self._endpoint: Endpoint | None = None
+        self._reservation: socket.socket | None = None  # holds the port until the program ends
+        self._bind_address: str | None = None
+        self._token: bytes | None = None
         self.display_name = f"courier node {type(self).__name__}({getattr(constructor, '__qualname__', constructor)})"
 
     def create_handle(self) -> CourierHandle:
@@ -87,18 +242,36 @@ class CourierNode(PyClassNode):
         self._input_handles = collect_handles((args, kwargs))
 
     @property
-    def address(self) -> str:
-        if self._address is None:
+    def allocated(self) -> bool:
+        return self._endpoint is not None
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:
             raise RuntimeError(
                 f"{self.display_name} has no address yet: its handle can be dereferenced only once the program "
                 "that holds the node is launched (shmpad.launch)"
             )
-        return self._address
+        return self._endpoint
+
+    @property
+    def address(self) -> str:
+        return self.endpoint.ring
 
     def allocate(self) -> None:
-        if self._ring is None:
+        if self._ring is not None:
+            return
+        tcp = None
+        if self._listen is not None:
+            transport = _tcp_transport()
+            self._token = transport.load_token(token_file=self._token_file)  # no token: fail before anything runs
+            self._reservation, self._bind_address, tcp = transport.reserve(self._listen)
+        try:
             self._ring = create_request_ring()
-            self._address = self._ring.name
+        except BaseException:
+            self.free()
+            raise
+        self._endpoint = Endpoint(self.display_name, self._ring.name, host_identity(), tcp, self._token_file)
 
     def on_stop(self) -> None:
         if self._ring is not None:
@@ -113,6 +286,9 @@ class CourierNode(PyClassNode):
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._reservation is not None:
+            self._reservation.close()
+            self._reservation = None
 
     def _run_instance(self) -> None:
         instance, made = self._construct()
@@ -121,6 +297,9 @@ class CourierNode(PyClassNode):
 
     def _serve(self, instance: Any) -> None:
         server = RpcServer(instance, self.address, threads=self._threads)
+        tcp = None
+        if self._bind_address is not None:
+            tcp = _tcp_transport().server(instance, self._bind_address, self._token, threads=self._threads)
         serving = threading.Thread(target=server.serve, name="shmpad-courier", daemon=True)
         serving.start()
         try:
@@ -134,4 +313,6 @@ class CourierNode(PyClassNode):
                     ctx.stopper.event.wait()
         finally:
             server.stop()
+            if tcp is not None:
+                tcp.close()
             serving.join(_SERVER_JOIN_S)
