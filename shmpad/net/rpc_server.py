@@ -1,0 +1,283 @@
+"""The TCP RPC server, and the format its messages travel in (``shmpad.net.rpc`` has the client).
+
+The same calls as ``shmpad.rpc`` (which this transport shares its encoding, error
+handling and client surface with), over ``shmpad.net.wire`` connections: every
+connection passes the shared-token handshake before a byte of it is decoded, and
+only then are its ``PICKLE`` frames unpickled. One frame per message::
+
+    request   PICKLE  tag = call id  flags = 0
+              payload = pickle((method, args, kwargs))
+    reply     PICKLE  tag = call id  flags = 1 if the call returned, 0 if it raised
+              payload = pickle(result) or pickle((exception, remote traceback))
+
+A pickle travels with its large buffers (numpy arrays: pickle protocol 5) sent from
+where they lie and received into one buffer that the arrays then view, no copies::
+
+    u32 n | n x u64 buffer sizes | pickle bytes | buffer 0 | ... | buffer n-1
+
+A client has one connection to its server with any number of calls in flight;
+replies come back in any order, matched by call id. A frame of another kind, or a
+payload whose layout does not add up, closes that connection with a logged reason;
+frames are bounded by the connection's ``max_frame`` (``wire.MAX_FRAME``), so one
+call's arguments or result are too.
+
+The server runs calls on up to ``threads`` threads at once, over all its
+connections (a call may wait for another call to the same server). A node that must
+be reachable before it starts has its port reserved early (``reserve``):
+connections are refused, and clients retry, until the server listens.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shmpad.errors import FrameError
+from shmpad.net.wire import MAX_FRAME, Connection, Kind, Listener, parse_address
+from shmpad.rpc import (
+    RemoteError,
+    dumps,
+    failure,
+    public_methods,
+    unpicklable_result,
+)
+
+__all__ = ["TcpRpcServer", "reserve"]
+
+log = logging.getLogger("shmpad.net")
+
+MAX_BUFFERS = 4096
+# A peer that vanishes without closing (its host died, a cable was pulled) is noticed
+# by keepalive probes after ~KEEPALIVE_IDLE_S + 3 x KEEPALIVE_INTERVAL_S, and data it
+# never acknowledges fails the connection after USER_TIMEOUT_S.
+KEEPALIVE_IDLE_S = 10
+KEEPALIVE_INTERVAL_S = 5
+USER_TIMEOUT_S = 30
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+# ---------------------------------------------------------------- payloads
+
+
+def encode_message(obj: Any) -> list:
+    """The parts of a payload carrying ``obj`` (see the module docstring)."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = dumps(obj, buffers)
+    if len(buffers) > MAX_BUFFERS:
+        buffers = []
+        body = dumps(obj)
+    raws = [b.raw() for b in buffers]
+    head = struct.pack(f"<I{len(raws)}Q", len(raws), *(r.nbytes for r in raws))
+    return [head, body, *raws]
+
+
+def split_message(payload: bytearray) -> tuple[memoryview, list[memoryview]]:
+    """The pickle and buffers of a payload; ``FrameError`` if its layout does not add up."""
+    view = memoryview(payload)
+    if len(view) < 4:
+        raise FrameError(f"RPC payload of {len(view)} bytes is shorter than its 4-byte header")
+    (n,) = struct.unpack_from("<I", view)
+    if n > MAX_BUFFERS:
+        raise FrameError(f"RPC payload claims {n} buffers, at most {MAX_BUFFERS} allowed")
+    head = 4 + 8 * n
+    if len(view) < head:
+        raise FrameError(f"RPC payload of {len(view)} bytes is shorter than its {head}-byte header")
+    sizes = struct.unpack_from(f"<{n}Q", view, 4)
+    at = len(view) - sum(sizes)
+    if at < head:
+        raise FrameError(f"RPC payload of {len(view)} bytes cannot hold the {sum(sizes)} buffer bytes its header claims")
+    body, buffers = view[head:at], []
+    for size in sizes:
+        buffers.append(view[at : at + size])
+        at += size
+    return body, buffers
+
+
+def load_message(parts: tuple[memoryview, list[memoryview]]) -> Any:
+    body, buffers = parts
+    return pickle.loads(body, buffers=buffers)
+
+
+def message_size(parts: list) -> int:
+    return sum(memoryview(p).nbytes for p in parts)
+
+
+def refuse(conn: Connection, reason: str) -> None:
+    log.warning("closing RPC connection with %s: %s", conn.peer, reason)
+    conn.close()
+
+
+def set_keepalive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_S * 1000)
+
+
+# ---------------------------------------------------------------- server
+
+
+class _Workers:
+    """Runs jobs on up to ``limit`` daemon threads, started when every one is busy
+    (a daemon: a handler that never returns must not hold the interpreter at exit)."""
+
+    def __init__(self, limit: int, name: str):
+        self._limit = limit
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0  # threads waiting for a job, minus jobs queued for them
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            elif len(self._threads) < self._limit:
+                t = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+        self._jobs.put((fn, args))
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args = job
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("RPC handler thread failed")
+            with self._lock:
+                self._idle += 1
+
+    def close(self, timeout: float) -> None:
+        """End every thread once the jobs queued before have run (waiting up to ``timeout``)."""
+        with self._lock:
+            threads, self._limit = list(self._threads), 0
+        for _ in threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+class TcpRpcServer:
+    """Serves ``obj``'s public methods (and ``__call__``) to clients that hold ``token``.
+
+    Listens on ``address`` (``"HOST:PORT"``; loopback unless told otherwise, port 0
+    picks a free one: ``self.address`` tells which) from construction until ``close()``.
+    ``threads`` bounds how many calls run at once, over all connections.
+    """
+
+    transport = "tcp"
+
+    def __init__(
+        self,
+        obj: Any,
+        address: str | tuple[str, int] = "127.0.0.1:0",
+        token: bytes | str | None = None,
+        threads: int = 16,
+        max_frame: int = MAX_FRAME,
+    ):
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        host, port = parse_address(address)
+        self._lookup = public_methods(obj)
+        self._workers = _Workers(threads, "shmpad-tcp-rpc-handler")
+        self._listener = Listener(self._serve, host, port, token, max_frame, name="shmpad-tcp-rpc")
+        self.address = self._listener.address
+
+    def __repr__(self) -> str:
+        return f"TcpRpcServer({self.address!r})"
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop listening and drop every connection (their pending calls fail); waits up
+        to ``timeout`` for running handlers to return. Idempotent."""
+        self._listener.close()
+        self._workers.close(timeout)
+
+    def __enter__(self) -> TcpRpcServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _serve(self, conn: Connection) -> None:
+        """Read one authenticated connection's requests; each runs on a worker thread."""
+        set_keepalive(conn.sock)
+        while not conn.closed:
+            frame = conn.recv()
+            if frame.kind != Kind.PICKLE:
+                refuse(conn, f"frame of kind {frame.kind}: an RPC connection carries only PICKLE frames")
+                return
+            try:
+                parts = split_message(frame.payload)
+            except FrameError as e:
+                refuse(conn, str(e))
+                return
+            self._workers.submit(self._answer, conn, frame.tag, parts)
+
+    def _answer(self, conn: Connection, call_id: int, parts: tuple) -> None:
+        try:
+            ok, value = True, self._call(parts)
+        except BaseException as e:
+            ok, value = False, failure(e)
+        try:
+            payload = encode_message(value)
+        except Exception as e:
+            ok, payload = False, encode_message(unpicklable_result(e))
+        if message_size(payload) > conn.max_frame:
+            err = RemoteError(f"the result is {message_size(payload)} bytes; one reply carries at most {conn.max_frame}")
+            ok, payload = False, encode_message((err, ""))
+        try:
+            conn.send(Kind.PICKLE, *payload, tag=call_id, flags=int(ok))
+        except ConnectionError:
+            pass  # the caller is gone: it learnt that from its side
+
+    def _call(self, parts: tuple) -> Any:
+        method, args, kwargs = load_message(parts)
+        return self._lookup(method)(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- reserving a port
+
+
+def reserve(listen: str | int) -> tuple[socket.socket, str, str]:
+    """Hold a port for a server that another process starts later.
+
+    ``listen`` is ``"HOST:PORT"``, ``"PORT"`` or a port number (host 127.0.0.1; port 0
+    picks a free one). Returns a socket bound to it, not listening (connections are
+    refused until the server listens there too: both sockets set SO_REUSEADDR), the
+    address to listen on and the address to advertise to clients (the host name for a
+    wildcard host)."""
+    if isinstance(listen, bool) or not isinstance(listen, (str, int)):
+        raise TypeError(f"listen must be 'HOST:PORT' or a port number, got {type(listen).__name__}")
+    text = str(listen)
+    host, port = parse_address(text if ":" in text else f"127.0.0.1:{text}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
+    port = sock.getsockname()[1]
+    shown = socket.gethostname() if host in _WILDCARDS else host
+    return sock, join_address(host, port), join_address(shown, port)
+
+
+def join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
