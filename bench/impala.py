@@ -44,6 +44,7 @@ from bench.cli import parser_for
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from shmpad import Closed, Timeout
+from shmpad.net.wire import load_token, parse_address
 
 
 @dataclass
@@ -102,6 +103,16 @@ class Args:
     """continue from the checkpoint in --out, with its optimiser state"""
     launch_type: str = "local_mp"
     """shmpad launch type"""
+    peers: str = ""
+    """HOST:PORT of a broker (python -m shmpad.net.broker): this host's learner joins --group and averages gradients with the group's other learners; the token comes from $SHMPAD_TOKEN or --token-file"""
+    group: str = "impala"
+    """the broker group to train with (--peers)"""
+    peer_host: str = "127.0.0.1"
+    """address on which this learner listens for the group's other learners (--peers); loopback reaches only this host: give an address the other hosts can reach"""
+    token_file: str = ""
+    """file holding the group's shared token (--peers; default: $SHMPAD_TOKEN)"""
+    virtual_batch_size: int = 0
+    """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
     report_throughput: bool = False
     """instead of training: measure the learner's framework cost and the pipeline's frames/s next to the actor ceiling (bench.impala_throughput)"""
 
@@ -113,6 +124,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
         parser.error(f"--model must be 'shallow', 'deep' or 'mlp', got {args.model!r}")
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    if args.peers:
+        try:
+            parse_address(args.peers)
+            load_token(token_file=args.token_file or None)
+        except (ValueError, lp.ShmpadError) as e:
+            parser.error(f"--peers {args.peers}: {e}")
     if args.report_throughput and args.use_lstm:
         parser.error("--report-throughput measures feed-forward models only; drop --use-lstm")
     return args
@@ -202,7 +219,7 @@ def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
 
 # -- the learner node --------------------------------------------------------------------
 
-CSV_COLUMNS = ["frames", "seconds", "fps", "mean_return", "episodes", "learner_steps", "steps_per_s", "queue_fill", "wait_fraction", "learning_rate", "loss"]
+CSV_COLUMNS = ["frames", "seconds", "fps", "mean_return", "episodes", "learner_steps", "steps_per_s", "queue_fill", "wait_fraction", "learning_rate", "loss", "group_size"]
 
 
 def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
@@ -215,6 +232,11 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         learner.load(checkpoint)
         seconds_before = _last_seconds(os.path.join(args.out, "log.csv"))
         print(f"resumed from {checkpoint} at {learner.frames} frames", flush=True)
+    if args.peers:
+        token = load_token(token_file=args.token_file or None)
+        learner.join_group(args.peers, args.group, host=args.peer_host, token=token, virtual_batch_size=args.virtual_batch_size)
+        lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
+        print(f"joining group {args.group!r} at {args.peers} as {learner.accumulator.name}", flush=True)
     log_path = os.path.join(args.out, "log.csv")
     new_log = not (args.resume and os.path.exists(log_path))
     stop = lp.stop_event()
@@ -240,6 +262,8 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
                 learner.save(checkpoint)
                 last_checkpoint = now
         learner.save(checkpoint)
+    if learner.accumulator is not None:
+        learner.accumulator.close()
     _plot(log_path, os.path.join(args.out, "curve.png"), args.env)
     print(f"done: {learner.frames} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}", flush=True)
     lp.stop()
@@ -261,6 +285,7 @@ def _progress(learner: Learner, trajectories, last: dict, now: float, seconds: f
         "wait_fraction": round((s.wait_seconds - last["wait"]) / dt, 3),
         "learning_rate": f"{s.learning_rate:.3g}",
         "loss": round(s.last_loss.get("total", float("nan")), 4),
+        "group_size": learner.accumulator.size if learner.accumulator is not None else 1,
     }
     last.update(t=now, frames=s.frames, steps=s.steps, wait=s.wait_seconds)
     return row
@@ -271,7 +296,7 @@ def _line(row: dict) -> str:
     return (
         f"frames {row['frames']:>10,}  fps {row['fps']:>8,.0f}  learner steps/s {row['steps_per_s']:6.2f}  "
         f"return(100) {ret:>7}  episodes {row['episodes']:>6}  queue {row['queue_fill']:4.0%}  "
-        f"waiting {row['wait_fraction']:4.0%}"
+        f"waiting {row['wait_fraction']:4.0%}" + (f"  group {row['group_size']}" if row["group_size"] != 1 else "")
     )
 
 

@@ -26,6 +26,7 @@ import torch
 from actors.rollout import core_state_fields
 from learners.loss import ImpalaLoss, impala_loss
 from learners.models import ActorCritic, ModelOutput
+from shmpad.errors import Timeout
 from shmpad.ringbuf import TypedRing, WeightStore
 
 __all__ = ["LearnerConfig", "Learner", "LearnerStatistics"]
@@ -147,12 +148,33 @@ class Learner:
         self._wait_s = 0.0
         self._update_s = 0.0
         self._last_loss: dict = {}
+        self.accumulator: Any = None
+        """a ``shmpad.net.Accumulator`` built on this learner's model, optimiser and
+        scheduler: gradients are then averaged with the group's learners before each
+        step (see ``join_group``)"""
+        self.skipped = 0
+        """batches that led to no step of their own: the group's virtual batch was not
+        complete yet, or the reduction was abandoned because the group changed"""
         if weights is not None:
             weights.publish(self.model)
+
+    def join_group(self, broker: str, group: str = "default", **kwargs: Any) -> None:
+        """Average gradients with the other learners of ``group`` at ``broker``
+        (``kwargs`` go to ``shmpad.net.Accumulator``: name, host, port, token...)."""
+        from shmpad.net.accumulator import Accumulator
+
+        self.accumulator = Accumulator(self.model, self.optimizer, self.scheduler, broker=broker, group=group, **kwargs)
 
     def step(self, timeout: float | None = None) -> ImpalaLoss:
         """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``)."""
         t0 = time.perf_counter()
+        if self.accumulator is not None:
+            version = self.accumulator.version
+            if not self.accumulator.ready(timeout):
+                self._wait_s += time.perf_counter() - t0
+                raise Timeout(f"the learner's group did not become ready within {timeout} s")
+            if self.accumulator.version != version and self.weights is not None:
+                self.weights.publish(self.model)  # the group's state replaced ours
         batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
         t1 = time.perf_counter()
         try:
@@ -186,13 +208,16 @@ class Learner:
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.total.backward()
+        self.frames += self.frames_per_update
+        self._last_loss = {k: float(v.detach()) for k, v in loss._asdict().items()}
+        if self.accumulator is not None and not self.accumulator.reduce_gradients(batch["done"].shape[1]):
+            self.skipped += 1
+            return loss
         if self.config.grad_norm_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
         self.optimizer.step()
         self.scheduler.step()
         self.steps += 1
-        self.frames += self.frames_per_update
-        self._last_loss = {k: float(v.detach()) for k, v in loss._asdict().items()}
         if self.weights is not None:
             self.weights.publish(self.model)
         return loss

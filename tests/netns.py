@@ -2,7 +2,9 @@
 
 Namespace ``i`` of a test run gets a veth pair; the root side holds ``10.77.X.1/24``, the
 namespace side ``10.77.X.2/24`` with a default route through the root side, so a process
-in the namespace reaches any root-namespace address, and the root reaches it. ``X`` is
+in the namespace reaches any root-namespace address, and the root reaches it.
+Forwarding is switched on for the root-side veths (only those), so namespaces reach
+each other too. ``X`` is
 chosen under a lock among the subnets no interface of the root namespace uses, so test
 runs of several engineers on one machine do not collide.
 
@@ -104,6 +106,10 @@ def _create(index: int, made: list[Namespace], taken: set[int]) -> Namespace:
     _ip("link", "set", inner, "netns", name)
     _ip("addr", "add", f"{ns.gateway}/24", "dev", veth)
     _ip("link", "set", veth, "up")
+    # forwarding on our own veths only (the machine's other interfaces keep theirs), so
+    # that namespaces reach each other through the root namespace, as hosts of a LAN do
+    with open(f"/proc/sys/net/ipv4/conf/{veth}/forwarding", "w") as f:
+        f.write("1")
     _ip("-n", name, "addr", "add", f"{ns.ip}/24", "dev", inner)
     _ip("-n", name, "link", "set", inner, "up")
     _ip("-n", name, "link", "set", "lo", "up")

@@ -1,0 +1,335 @@
+"""Gradient averaging across hosts, with moolib's Accumulator semantics.
+
+Every peer trains its own copy of the model on its own data. After each backward
+pass it hands its gradients to ``reduce_gradients(batch_size)``; the peers of the
+group sum them over TCP (``shmpad.net.allreduce``), together with how many samples
+and contributions they stand for. Once the summed batch size reaches the virtual
+batch size, every peer holds the same averaged gradient (sum / contributions) and
+takes the same optimiser step, so the weights stay bit-identical without ever being
+sent again.
+
+Membership comes from the broker (``shmpad.net.group``). When it changes, the ring
+in flight is closed, so a reduction it carried is abandoned on every peer and its
+gradients dropped, and the next call forms a ring of the new members. A new ring
+starts with a state sync: the peer with the highest model version (then the lowest
+rank) broadcasts its parameters, buffers, optimiser and scheduler state and model
+version, and everyone loads them. A joining peer thus receives the current model
+before it contributes, and a peer whose last reduction was abandoned mid-way
+(while others completed it) is brought level too.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from shmpad.errors import Abandoned
+from shmpad.net.allreduce import Ring
+from shmpad.net.mesh import Mesh
+from shmpad.net.group import GroupClient, Membership
+
+__all__ = ["Accumulator"]
+
+log = logging.getLogger("shmpad.net")
+
+RETRY_S = 5.0
+"""how long a peer whose ring failed waits for a new member list before it rejoins
+the broker to force one"""
+
+
+class Accumulator:
+    """Averages gradients of ``model`` across the peers of ``group`` at ``broker``.
+
+    ``optimizer`` and ``scheduler`` (optional) are part of the state a joining peer
+    receives. ``virtual_batch_size`` (0: every reduction) is the summed batch size a
+    step needs. The mesh listens on ``host:port`` for the other peers (loopback by
+    default: give this host's address when the peers are on other hosts).
+
+    Use::
+
+        acc = Accumulator(model, optimizer, broker="10.0.0.1:4431", group="pong")
+        while training:
+            if not acc.ready(timeout=1.0):   # forms the ring and syncs state after a change
+                continue
+            loss.backward()
+            if acc.reduce_gradients(batch_size):   # .grad now holds the group's average
+                optimizer.step()
+            optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        *,
+        broker: str,
+        group: str = "default",
+        name: str | None = None,
+        virtual_batch_size: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: bytes | str | None = None,
+        op_timeout: float = 60.0,
+    ):
+        if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int) or virtual_batch_size < 0:
+            raise ValueError(f"virtual_batch_size must be an int >= 0, got {virtual_batch_size!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.virtual_batch_size = virtual_batch_size
+        self.op_timeout = op_timeout
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        sizes = [p.numel() for p in self.params]
+        self._offsets = np.cumsum([0, *sizes])
+        n = int(self._offsets[-1])
+        self._flat = np.zeros(n + 2, dtype=np.float32)  # gradients, then batch size and contributions
+        self._sum = np.zeros(n, dtype=np.float32)  # what the reductions of this virtual batch added up to
+        self._sum_batch = 0.0
+        self._sum_count = 0.0
+        self.version = 0
+        """optimiser steps the group has taken (the same on every peer once synced)"""
+        self.abandoned = 0
+        """reductions abandoned because the group changed or a peer went away"""
+        self._lock = threading.Lock()
+        self._latest: Membership | None = None
+        self._ring: Ring | None = None
+        self._failed: tuple[Any, float] | None = None  # (membership key, when) of the last ring that failed
+        self._broker, self._group_name, self._token = broker, group, token
+        self._closed = False
+        self._mesh = Mesh(host, port, token)
+        self._group = GroupClient(broker, group, self.name, self._mesh.address, token)
+        self._group.add_listener(self._on_membership)
+        self._group.start()
+
+    # -- membership ------------------------------------------------------------------
+
+    def _on_membership(self, membership: Membership) -> None:
+        with self._lock:
+            self._latest = membership
+            ring = self._ring
+        if ring is not None and ring.key != _key(membership):
+            ring.close()  # a reduction in flight on the old ring raises Abandoned on every peer
+
+    @property
+    def connected(self) -> bool:
+        """Connected to the broker (the ring may still be forming)."""
+        return self._group.connected
+
+    @property
+    def size(self) -> int:
+        """Members of the current ring (0 before the first is formed)."""
+        ring = self._ring
+        return ring.size if ring is not None else 0
+
+    @property
+    def ring_key(self) -> str | None:
+        """``broker_id/epoch`` of the current ring (None when there is none)."""
+        ring = self._ring
+        return ring.key if ring is not None else None
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """True once this peer is in a ring of the group's latest members with the
+        group's state; forms the ring and syncs the state after a change. False if
+        that could not happen within ``timeout`` (None: wait for it)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._closed:
+            with self._lock:
+                membership = self._latest
+            if membership is not None and self._ring is not None and self._ring.key == _key(membership):
+                return True
+            if membership is not None and self.name in membership.names:
+                if self._failed is None or self._failed[0] != membership.key:
+                    if self._form(membership):
+                        return True
+                elif time.monotonic() - self._failed[1] >= RETRY_S:
+                    self._rejoin(membership)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
+            self._group.wait_membership(membership.key if membership else None, timeout=wait)
+        return False
+
+    def _form(self, membership: Membership) -> bool:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        addresses = [m.address for m in membership.members]
+        try:
+            ring = self._mesh.ring(_key(membership), addresses, membership.rank(self.name), timeout=self.op_timeout)
+        except Abandoned as e:
+            log.info("%s: could not form the ring of epoch %s: %s", self.name, membership.epoch, e)
+            self._failed = (membership.key, time.monotonic())
+            return False
+        with self._lock:
+            self._ring = ring
+            stale = self._latest is not membership
+        if stale:
+            self._drop_ring()
+            return False
+        try:
+            self._sync(ring)
+        except Abandoned as e:
+            log.info("%s: state sync of epoch %s abandoned: %s", self.name, membership.epoch, e)
+            self._drop_ring()
+            return False
+        self._failed = None
+        self._clear_sum()
+        log.info("%s: in a ring of %d (epoch %s), at version %d", self.name, ring.size, membership.epoch, self.version)
+        return True
+
+    def _drop_ring(self) -> None:
+        """After a failure: the ring's epoch is not to be formed again. A newer member
+        list is usually on its way (a peer died or joined); if none comes within
+        ``RETRY_S``, ``ready()`` rejoins the broker to force one."""
+        ring, self._ring = self._ring, None
+        if ring is None:
+            return
+        ring.close()
+        with self._lock:
+            latest = self._latest
+        if latest is not None and _key(latest) == ring.key:
+            self._failed = (latest.key, time.monotonic())
+
+    def _rejoin(self, membership: Membership) -> None:
+        """Leave and join again: every member then gets a new epoch, so the peers agree
+        on the next ring to form without having to talk to each other."""
+        log.info("%s: the ring of epoch %s failed and no new member list came; rejoining", self.name, membership.epoch)
+        self._failed = (membership.key, time.monotonic())
+        self._group.close()
+        self._group = GroupClient(self._broker, self._group_name, self.name, self._mesh.address, self._token)
+        self._group.add_listener(self._on_membership)
+        self._group.start()
+
+    # -- state ----------------------------------------------------------------------
+
+    def _sync(self, ring: Ring) -> None:
+        versions = np.zeros(ring.size, dtype=np.int64)
+        versions[ring.rank] = self.version
+        ring.allreduce(versions)
+        leader = max(range(ring.size), key=lambda r: (versions[r], -r))
+        data = ring.broadcast_bytes(self.state_bytes() if ring.rank == leader else None, leader)
+        if ring.rank != leader:
+            self.load_state_bytes(data)
+
+    def state_bytes(self) -> bytes:
+        """The model (parameters and buffers), optimiser and scheduler state and version."""
+        state = {"version": self.version, "model": self.model.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return buf.getvalue()
+
+    def load_state_bytes(self, data: bytes) -> None:
+        # weights_only: tensors and plain containers only, even from an authenticated peer
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+
+    # -- gradients ------------------------------------------------------------------
+
+    def reduce_gradients(self, batch_size: int) -> bool:
+        """Sum this peer's gradients (of ``batch_size`` samples) with the group's.
+
+        True when the virtual batch is complete: every parameter's ``.grad`` then
+        holds the group's average (the same bits on every peer), and the caller takes
+        its optimiser step. False when more is needed, or when the reduction was
+        abandoned (the group changed: the gradients are dropped, ``ready()`` forms
+        the next ring)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
+        flat = self._flat
+        for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
+            if p.grad is None:
+                flat[a:b] = 0
+            else:
+                flat[a:b] = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
+        flat[-2] = batch_size
+        flat[-1] = 1.0 if batch_size > 0 else 0.0
+        return self._reduce()
+
+    def skip_gradients(self) -> bool:
+        """Take part in the group's reduction without contributing (zero gradients,
+        not counted in the average). Returns what ``reduce_gradients`` would."""
+        self._flat[:] = 0
+        return self._reduce()
+
+    def _reduce(self) -> bool:
+        ring = self._ring
+        if ring is None and self._closed:
+            return False
+        if ring is None:
+            raise RuntimeError("reduce_gradients() before the group is ready: call ready() first")
+        try:
+            ring.allreduce(self._flat)
+        except Abandoned as e:
+            self.abandoned += 1
+            log.info("%s: reduction abandoned: %s", self.name, e)
+            self._drop_ring()
+            self._clear_sum()
+            for p in self.params:
+                p.grad = None
+            return False
+        n = len(self._sum)
+        self._sum += self._flat[:n]
+        self._sum_batch += float(self._flat[-2])
+        self._sum_count += float(self._flat[-1])
+        if self._sum_count == 0 or self._sum_batch < self.virtual_batch_size:
+            return False
+        mean = self._sum / np.float32(self._sum_count)
+        for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
+            g = torch.from_numpy(mean[a:b]).view_as(p).to(p.device, p.dtype)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+        self.version += 1
+        self._clear_sum()
+        return True
+
+    def _clear_sum(self) -> None:
+        self._sum[:] = 0
+        self._sum_batch = 0.0
+        self._sum_count = 0.0
+
+    def close(self) -> None:
+        """Leave the group and close every connection. Safe from any thread: a
+        reduction in flight is abandoned and ``ready()`` returns False from then on."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._group.close()
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()
+        self._mesh.close()
+
+    def __enter__(self) -> Accumulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _key(membership: Membership) -> str:
+    broker_id, epoch = membership.key
+    return f"{broker_id}/{epoch}"

@@ -1,0 +1,127 @@
+"""Processes of the multi-host tests: a broker, and learners of a gradient-averaging
+group (``tests/net_peer.py``) whose JSON lines are collected as they come."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers import kill_and_reap, track_pid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TOKEN = "accumulator-test-token"
+
+
+def env() -> dict:
+    return {**os.environ, "SHMPAD_TOKEN": TOKEN, "PYTHONPATH": ROOT}
+
+
+class Broker:
+    """``python -m shmpad.net.broker`` on ``host:port`` (0: a free port), ready when made."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1"):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shmpad.net.broker", "--host", host, "--port", str(port), "--settle", "0.3",
+             "--heartbeat", "0.5", "--timeout", "5"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, text=True, start_new_session=True,
+        )
+        track_pid(self.proc.pid)
+        line = self.proc.stdout.readline()
+        match = re.search(r"listening on (\S+)", line)
+        assert match, f"broker did not start: {line!r}"
+        self.address = match.group(1)
+        self.port = int(self.address.rsplit(":", 1)[1])
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep its pipe drained
+
+    def kill(self) -> None:
+        kill_and_reap(self.proc)
+
+
+class Peer:
+    """One ``tests/net_peer.py`` process; ``popen`` starts it elsewhere (a namespace's)."""
+
+    def __init__(self, broker: str, name: str, group: str = "g", *extra: str, popen=None):
+        self.name = name
+        args = [sys.executable, os.path.join(HERE, "net_peer.py"), broker, group, name, *extra]
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), text=True)
+        if popen is None:
+            self.proc = subprocess.Popen(args, start_new_session=True, **pipes)
+            track_pid(self.proc.pid)
+        else:
+            self.proc = popen(args, **pipes)
+        self.steps: list[dict] = []
+        self.reduces: list[float] = []
+        self.stderr: list[str] = []
+        self.changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            with self.changed:
+                if event["event"] == "step":
+                    event["t"] = time.monotonic()
+                    self.steps.append(event)
+                else:
+                    self.reduces.append(time.monotonic())
+                self.changed.notify_all()
+
+    def wait(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not predicate(self):
+                remaining = deadline - time.monotonic()
+                assert remaining > 0 and self.proc.poll() is None, (
+                    f"{self.name}: {what} did not happen within {timeout} s (exit {self.proc.poll()}); "
+                    f"last steps {self.steps[-3:]}\nstderr:\n{''.join(self.stderr[-30:])}"
+                )
+                self.changed.wait(min(remaining, 0.2))
+
+    def steps_with(self, size: int, after: float = 0.0) -> list[dict]:
+        return [s for s in self.steps if s["size"] == size and s["t"] >= after]
+
+    def finish(self, timeout: float = 20.0) -> None:
+        """Close stdin (the peer leaves the group and exits 0)."""
+        self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_and_reap(self.proc)
+            raise AssertionError(f"{self.name} did not exit within {timeout} s of being asked") from None
+        assert code == 0, f"{self.name} exited {code}:\n{''.join(self.stderr[-30:])}"
+
+    def kill(self) -> None:
+        kill_and_reap(self.proc)
+
+
+@pytest.fixture
+def procs():
+    """A list to put every Broker and Peer a test starts in: all are killed at the end."""
+    started: list = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def assert_identical(peers: list[Peer]) -> int:
+    """Every version's hash is the same on every peer that reached it; returns how many
+    versions more than one peer reached."""
+    by_version: dict[int, dict[str, str]] = collections.defaultdict(dict)
+    for p in peers:
+        for s in p.steps:
+            by_version[s["version"]][p.name] = s["hash"]
+    shared = 0
+    for version, hashes in sorted(by_version.items()):
+        assert len(set(hashes.values())) == 1, f"version {version}: peers disagree: {hashes}"
+        shared += len(hashes) > 1
+    return shared
