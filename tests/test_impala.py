@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import track_pid
+from helpers import kill_and_reap, track_pid
 from learners import make_model
+from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
 
 
 def run_bench(*args: str, timeout: float) -> str:
@@ -98,3 +99,32 @@ def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     rows2 = read_log(out)
     assert len(rows2) > len(rows) and int(rows2[-1]["frames"]) >= 4800
     assert float(rows2[len(rows)]["seconds"]) >= float(rows[-1]["seconds"])  # time continues too
+
+
+def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
+    """``--peers``: two bench.impala runs (each its own actors and learner) join one
+    broker group, average gradients every step and end with identical weights."""
+    broker = Broker()
+    procs.append(broker)
+    env = {**os.environ, "SHMPAD_TOKEN": TOKEN}
+    runs = []
+    for i in range(2):
+        args = ["--env", "CartPole-v1", "--model", "mlp", "--total-frames", "20000", "--num-workers", "1",
+                "--envs-per-worker", "8", "--batch-size", "16", "--log-interval", "1", "--out", str(tmp_path / f"h{i}"),
+                "--launch-type", "test_mp", "--peers", broker.address, "--group", "cartpole", "--seed", str(i)]
+        proc = subprocess.Popen([sys.executable, "-m", "bench.impala", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=ROOT)
+        track_pid(proc.pid)
+        runs.append(proc)
+    try:
+        outs = [proc.communicate(timeout=240)[0].decode() for proc in runs]
+    finally:
+        for proc in runs:
+            kill_and_reap(proc)
+    for proc, out in zip(runs, outs):
+        assert proc.returncode == 0, out[-3000:]
+        assert "group 2" in out, out[-3000:]
+    a, b = (torch.load(tmp_path / f"h{i}" / "checkpoint.pt", weights_only=False) for i in range(2))
+    assert a["steps"] == b["steps"] > 0
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), f"{k} differs between the two hosts"
