@@ -90,3 +90,24 @@ def test_peers_on_separate_network_hosts_train_together(procs, netns):
     for p in peers:
         p.finish()
     assert assert_identical(peers) >= 10
+
+
+def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
+    broker = Broker()  # drops a silent member after 5 s
+    procs.append(broker)
+    peers = [Peer(broker.address, f"s{i}") for i in range(3)]
+    procs.extend(peers)
+    for p in peers:
+        p.wait(lambda p: len(p.steps_with(3)) >= 5, 60, "5 steps in a group of 3")
+    stalled, others = peers[0], peers[1:]
+    stalled.proc.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    for p in others:
+        p.wait(lambda p: len(p.steps_with(2, after=stopped)) >= 3, 30, "3 steps in a group of 2 without the stalled peer")
+    resumed = time.monotonic()
+    stalled.proc.send_signal(signal.SIGCONT)
+    for p in peers:
+        p.wait(lambda p: len(p.steps_with(3, after=resumed)) >= 3, 60, "3 steps in a group of 3 after the stall")
+    for p in peers:
+        p.finish()
+    assert assert_identical(peers) >= 5
