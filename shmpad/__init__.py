@@ -9,6 +9,8 @@ from shmpad.python_node import PyNode
 from shmpad.courier import CourierClient
 from shmpad.courier import CourierHandle
 from shmpad.courier import CourierNode
+from shmpad.net.rpc import TcpRpcClient  # also lets courier nodes listen on TCP
+from shmpad.net.rpc import TcpRpcServer
 from shmpad.data_nodes import RingNode
 from shmpad.data_nodes import WeightStoreNode
 from shmpad.colocation import MultiProcessingColocation
@@ -24,7 +26,10 @@ from shmpad.stopping import unregister_stop_handler
 from shmpad.stopping import wait_for_stop
 
 # Errors
+from shmpad.errors import Abandoned
+from shmpad.errors import AuthError
 from shmpad.errors import Closed
+from shmpad.errors import FrameError
 from shmpad.errors import NodeFailed
 from shmpad.errors import SegmentError
 from shmpad.errors import ShmpadError
@@ -43,6 +48,11 @@ from shmpad.ringbuf import WeightStoreStatistics
 __version__ = "0.1.0"
 
 __all__ = [
+    "Abandoned",
+    "AuthError",
+    "FrameError",
+    "TcpRpcClient",
+    "TcpRpcServer",
     "Closed",
     "CourierClient",
     "CourierHandle",

@@ -1,1 +1,49 @@
-"""shmpad/net"""
+"""Several hosts: the authenticated TCP wire format, the membership broker, peer-to-peer
+rings (allreduce, broadcast), the gradient accumulator and cross-host courier RPC."""
+
+from typing import Any
+
+# Wire format and authentication
+from shmpad.net.wire import Connection
+from shmpad.net.wire import Listener
+from shmpad.net.wire import connect
+from shmpad.net.wire import load_token
+
+# Membership
+from shmpad.net.broker import Broker
+from shmpad.net.group import GroupClient
+from shmpad.net.group import Member
+from shmpad.net.group import Membership
+
+# Collectives between peers
+from shmpad.net.allreduce import Ring
+from shmpad.net.mesh import Mesh
+
+# Cross-host RPC (importing it lets courier nodes listen on TCP)
+from shmpad.net.rpc import TcpRpcClient
+from shmpad.net.rpc import TcpRpcServer
+
+__all__ = [
+    "Accumulator",
+    "Broker",
+    "Connection",
+    "GroupClient",
+    "Listener",
+    "Member",
+    "Membership",
+    "Mesh",
+    "Ring",
+    "TcpRpcClient",
+    "TcpRpcServer",
+    "connect",
+    "load_token",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # the accumulator needs torch; importing shmpad.net alone does not
+    if name == "Accumulator":
+        from shmpad.net.accumulator import Accumulator
+
+        return Accumulator
+    raise AttributeError(f"module 'shmpad.net' has no attribute {name!r}")
