@@ -9,8 +9,8 @@ from shmpad.net.wire import Listener
 from shmpad.net.wire import connect
 from shmpad.net.wire import load_token
 
-# Membership
-from shmpad.net.broker import Broker
+# Membership (Broker below: ``python -m shmpad.net.broker`` runs that module as the
+# main one, so the package must not have imported it already)
 from shmpad.net.group import GroupClient
 from shmpad.net.group import Member
 from shmpad.net.group import Membership
@@ -41,9 +41,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # the accumulator needs torch; importing shmpad.net alone does not
-    if name == "Accumulator":
+    if name == "Accumulator":  # it needs torch; importing shmpad.net alone does not
         from shmpad.net.accumulator import Accumulator
 
         return Accumulator
+    if name == "Broker":
+        from shmpad.net.broker import Broker
+
+        return Broker
     raise AttributeError(f"module 'shmpad.net' has no attribute {name!r}")

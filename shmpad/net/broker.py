@@ -43,36 +43,16 @@ import time
 from shmpad.errors import AuthError
 from shmpad.errors import FrameError
 from shmpad.net import wire
+from shmpad.net.group import show as _show
+from shmpad.net.group import validate_join
 
-__all__ = ["Broker", "DEFAULT_PORT", "validate_join"]
+__all__ = ["Broker", "DEFAULT_PORT"]
 
 log = logging.getLogger("shmpad.net.broker")
 
 DEFAULT_PORT = 4431
-MAX_NAME = 128
-MAX_ADDRESS = 256
 MAX_PEER_FRAME = 16 << 10  # a join is the largest thing a peer sends
 LIST_ROOM = wire.MAX_CONTROL - 4096  # a member list must fit one control frame, with room for its envelope
-
-
-def validate_join(msg: dict) -> tuple[str, str, str]:
-    """``(group, name, address)`` of a join message; ``TypeError``/``ValueError`` saying what is wrong."""
-    if msg.get("op") != "join":
-        raise ValueError(f"the first message must be a join, got op {_show(msg.get('op'))}")
-    for key, limit in (("group", MAX_NAME), ("name", MAX_NAME), ("address", MAX_ADDRESS)):
-        value = msg.get(key)
-        if not isinstance(value, str):
-            raise TypeError(f"join: {key} must be a string, got {_show(value)}")
-        if key != "address" and not value:
-            raise ValueError(f"join: {key} must not be empty")
-        if len(value) > limit:
-            raise ValueError(f"join: {key} must be at most {limit} characters, got {len(value)}")
-    return msg["group"], msg["name"], msg["address"]
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Session:

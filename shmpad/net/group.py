@@ -19,14 +19,37 @@ from typing import NamedTuple
 from shmpad.errors import AuthError
 from shmpad.errors import FrameError
 from shmpad.net import wire
-from shmpad.net.broker import validate_join
 
-__all__ = ["GroupClient", "Member", "Membership"]
+__all__ = ["GroupClient", "Member", "Membership", "validate_join"]
 
 log = logging.getLogger("shmpad.net.group")
 
 CONNECT_TIMEOUT_S = 5.0
 FIRST_BACKOFF_S = 0.1
+
+
+MAX_NAME = 128
+MAX_ADDRESS = 256
+
+
+def validate_join(msg: dict) -> tuple[str, str, str]:
+    """``(group, name, address)`` of a join message; ``TypeError``/``ValueError`` saying what is wrong."""
+    if msg.get("op") != "join":
+        raise ValueError(f"the first message must be a join, got op {show(msg.get('op'))}")
+    for key, limit in (("group", MAX_NAME), ("name", MAX_NAME), ("address", MAX_ADDRESS)):
+        value = msg.get(key)
+        if not isinstance(value, str):
+            raise TypeError(f"join: {key} must be a string, got {show(value)}")
+        if key != "address" and not value:
+            raise ValueError(f"join: {key} must not be empty")
+        if len(value) > limit:
+            raise ValueError(f"join: {key} must be at most {limit} characters, got {len(value)}")
+    return msg["group"], msg["name"], msg["address"]
+
+
+def show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Member(NamedTuple):
