@@ -35,10 +35,14 @@ DEADLINE_S = 30.0
 # A group of forked members
 
 
+_here: dict = {}  # in a member: its mesh and everyone's addresses
+
+
 def _member(rank: int, size: int, up, down, chunk_bytes: int, fn, args):
     with Mesh(token=TOKEN) as mesh:
         up.send(mesh.address)
         addresses = down.recv()
+        _here.update(mesh=mesh, addresses=addresses)
         ring = mesh.ring("test", addresses, rank, timeout=DEADLINE_S, chunk_bytes=chunk_bytes)
         return fn(ring, *args)
 
@@ -197,6 +201,26 @@ def test_broadcast_copies_the_roots_data_to_every_member(size):
             np.testing.assert_array_equal(np.frombuffer(results[rank][root]), want)
     for rank in range(size):
         assert results[rank][size:] == [b"", b"x", bytes(range(256)) * 400]
+
+
+def _epochs(ring: Ring, epochs: int) -> list[float]:
+    """A new ring per epoch, formed as soon as the last one is done (neighbours race ahead)."""
+    mesh, addresses = _here["mesh"], _here["addresses"]
+    ring.close()
+    sums = []
+    for epoch in range(epochs):
+        with mesh.ring(f"epoch-{epoch}", addresses, ring.rank, timeout=DEADLINE_S) as r:
+            array = np.full(3, float(r.rank + epoch))
+            r.allreduce(array)
+            sums.append(float(array[0]))
+    return sums
+
+
+def test_rings_formed_back_to_back():
+    size, epochs = 4, 25
+    results = run_group(size, _epochs, epochs)
+    want = [float(sum(r + e for r in range(size))) for e in range(epochs)]
+    assert results == [want] * size
 
 
 # ---------------------------------------------------------------------------------------

@@ -132,17 +132,16 @@ class Mesh:
             raise ValueError(f"rank must be in 0..{size - 1} for {size} addresses, got {rank!r}")
         for address in addresses:
             wire.parse_address(address)
-        with self._lock:
+        forming = _Forming(key, rank, size)
+        refused: list[tuple[_Incoming, str]] = []
+        with self._lock:  # one critical section: a connection for key finds it forming, never merely used
             if self._closed:
                 raise Abandoned(f"mesh {self.address} is closed")
             if key in self._used:
                 raise ValueError(f"ring key {key!r} was used before in this mesh; every ring needs a new key (e.g. its epoch)")
             self._used.add(key)
-        if size == 1:
-            return Ring(key, 0, 1, None, None, timeout, chunk_bytes)
-        forming = _Forming(key, rank, size)
-        refused: list[tuple[_Incoming, str]] = []
-        with self._lock:
+            if size == 1:
+                return Ring(key, 0, 1, None, None, timeout, chunk_bytes)
             self._forming[key] = forming
             for inc in [p for p in self._parked if p.key == key]:
                 self._parked.remove(inc)
