@@ -111,6 +111,8 @@ class Args:
     """address on which this learner listens for the group's other learners (--peers); loopback reaches only this host: give an address the other hosts can reach"""
     token_file: str = ""
     """file holding the group's shared token (--peers; default: $SHMPAD_TOKEN)"""
+    min_peers: int = 1
+    """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
     virtual_batch_size: int = 0
     """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
     report_throughput: bool = False
@@ -124,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
         parser.error(f"--model must be 'shallow', 'deep' or 'mlp', got {args.model!r}")
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    if args.min_peers < 1:
+        parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
     if args.peers:
         try:
             parse_address(args.peers)
@@ -234,7 +238,10 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         print(f"resumed from {checkpoint} at {learner.frames} frames", flush=True)
     if args.peers:
         token = load_token(token_file=args.token_file or None)
-        learner.join_group(args.peers, args.group, host=args.peer_host, token=token, virtual_batch_size=args.virtual_batch_size)
+        learner.join_group(
+            args.peers, args.group, host=args.peer_host, token=token, virtual_batch_size=args.virtual_batch_size,
+            min_size=args.min_peers,
+        )
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
         print(f"joining group {args.group!r} at {args.peers} as {learner.accumulator.name}", flush=True)
     log_path = os.path.join(args.out, "log.csv")

@@ -115,7 +115,7 @@ def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
     for i in range(2):
         args = ["--env", "CartPole-v1", "--model", "mlp", "--total-frames", "20000", "--num-workers", "1",
                 "--envs-per-worker", "8", "--batch-size", "16", "--log-interval", "1", "--out", str(tmp_path / f"h{i}"),
-                "--launch-type", "test_mp", "--peers", broker.address, "--group", "cartpole", "--seed", str(i)]
+                "--launch-type", "test_mp", "--peers", broker.address, "--group", "cartpole", "--min-peers", "2", "--seed", str(i)]
         proc = subprocess.Popen([sys.executable, "-m", "bench.impala", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=ROOT)
         track_pid(proc.pid)

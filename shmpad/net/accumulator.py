@@ -50,8 +50,11 @@ class Accumulator:
 
     ``optimizer`` and ``scheduler`` (optional) are part of the state a joining peer
     receives. ``virtual_batch_size`` (0: every reduction) is the summed batch size a
-    step needs. The mesh listens on ``host:port`` for the other peers (loopback by
-    default: give this host's address when the peers are on other hosts).
+    step needs. ``min_size``: the first ring waits for that many members (a group
+    that later shrinks goes on). ``op_timeout``: how long one reduction may wait for
+    the slowest member before it is abandoned. The mesh listens on ``host:port`` for
+    the other peers (loopback by default: give this host's address when the peers
+    are on other hosts).
 
     Use::
 
@@ -79,7 +82,10 @@ class Accumulator:
         port: int = 0,
         token: bytes | str | None = None,
         op_timeout: float = 60.0,
+        min_size: int = 1,
     ):
+        if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
+            raise ValueError(f"min_size must be an int >= 1, got {min_size!r}")
         if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int) or virtual_batch_size < 0:
             raise ValueError(f"virtual_batch_size must be an int >= 0, got {virtual_batch_size!r}")
         self.model = model
@@ -87,6 +93,8 @@ class Accumulator:
         self.scheduler = scheduler
         self.virtual_batch_size = virtual_batch_size
         self.op_timeout = op_timeout
+        self.min_size = min_size
+        self._started = False  # a ring of at least min_size members has formed once
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.params = [p for p in model.parameters() if p.requires_grad]
         sizes = [p.numel() for p in self.params]
@@ -147,7 +155,8 @@ class Accumulator:
                 membership = self._latest
             if membership is not None and self._ring is not None and self._ring.key == _key(membership):
                 return True
-            if membership is not None and self.name in membership.names:
+            starting = membership is not None and not self._started and len(membership.members) < self.min_size
+            if membership is not None and self.name in membership.names and not starting:
                 if self._failed is None or self._failed[0] != membership.key:
                     if self._form(membership):
                         return True
@@ -184,6 +193,7 @@ class Accumulator:
             self._drop_ring()
             return False
         self._failed = None
+        self._started = True
         self._clear_sum()
         log.info("%s: in a ring of %d (epoch %s), at version %d", self.name, ring.size, membership.epoch, self.version)
         return True
