@@ -496,3 +496,21 @@ def test_closing_the_mesh_abandons_its_rings(meshes):
     assert got and ra.closed
     with pytest.raises(Abandoned):
         rb.allreduce(np.ones(3))
+
+
+# ---------------------------------------------------------------------------------------
+# The benchmark's harness (nothing timed)
+
+
+def test_bench_measures_both_subjects_and_leaves_no_process():
+    pytest.importorskip("torch.distributed")
+    from bench import allreduce as bench
+
+    args = bench.Args(reps=2, warmup=1)
+    subjects = [s for s in bench.SUBJECTS if bench.missing(s) is None]
+    assert [s.name for s in subjects] == ["gloo", "shmpad"]
+    before = set(FORK.active_children())
+    times = bench.measure(2, [4096, 3 << 20], subjects, args)
+    assert set(times) == {(s.name, size) for s in subjects for size in (4096, 3 << 20)}
+    assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+    assert set(FORK.active_children()) == before
