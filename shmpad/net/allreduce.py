@@ -23,12 +23,12 @@ Frames of one operation, on every connection, in order (all ``Kind.BYTES``)::
 
 Each member sends its descriptor and first chunks before it checks its predecessor's
 descriptor. A frame with another tag, length or descriptor than expected abandons the
-ring: data of two operations is never mixed. Any failure (a neighbour's EOF or reset, a timeout,
-``close()`` from another thread) closes both connections, which the neighbours see
-at once, so the failure travels round the ring and every blocked member raises
-``Abandoned``. The sockets block in the kernel with ``SO_RCVTIMEO``/``SO_SNDTIMEO`` as
-the per-operation timeout, rather than Python's timeout mode, which polls before
-every call.
+ring: data of two operations is never mixed. Any failure (a neighbour's EOF or reset,
+a timeout, ``close()`` from another thread) closes both connections, which the
+neighbours see at once, so the failure travels round the ring and every blocked
+member raises ``Abandoned``. The sockets block in the kernel with ``SO_RCVTIMEO`` /
+``SO_SNDTIMEO`` as the per-operation timeout, rather than in Python's timeout mode,
+which polls before every call.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ class Ring:
             tag, payload = item
             try:
                 conn.send(Kind.BYTES, payload, tag=tag)
-            except (ConnectionError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - whatever stops the sender abandons the ring
                 self._abandon(self._explain(e, "sending to", (self.rank + 1) % self.size))
                 return
 

@@ -106,6 +106,11 @@ class Mesh:
         """``"host:port"`` the other peers connect to."""
         return self._listener.address
 
+    @property
+    def port(self) -> int:
+        """The port it listens on (announce ``f"{reachable_host}:{port}"`` when bound to 0.0.0.0)."""
+        return self._listener.port
+
     def __repr__(self) -> str:
         return f"Mesh({self.address}{', closed' if self._closed else ''})"
 
