@@ -1,6 +1,6 @@
 """Allreduce over loopback TCP: shmpad's Ring.allreduce side by side with torch.distributed (gloo).
 
-    python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB, ~1 min on 2 cores
+    python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB, ~30 s on 2 cores
     python -m bench.allreduce --quick                  # 2 peers, 1 and 16 MB, 3 repetitions
     python -m bench.allreduce --peers 4 --sizes-mb 64 --reps 15
     python -m bench.allreduce --json                   # one JSON object per subject, peer count and size
@@ -56,7 +56,7 @@ class Args:
     """peer counts to measure, comma-separated"""
     sizes_mb: str = "1,16,64"
     """tensor sizes in MB (2**20 bytes of float32), comma-separated"""
-    reps: int = 9
+    reps: int = 21
     """timed repetitions per subject, peer count and size"""
     warmup: int = 2
     """untimed repetitions before them"""
