@@ -81,5 +81,6 @@ class FrameError(ShmpadError, ConnectionError):
 
 
 class Abandoned(ShmpadError):
-    """A collective operation (allreduce, broadcast) was abandoned because its group changed
-    or one of its members went away; nothing of it was applied."""
+    """A collective operation (allreduce, broadcast) was abandoned because its group changed,
+    one of its members went away or it timed out. The array it worked on holds partial
+    results: its caller drops them (the accumulator drops that reduction's gradients)."""

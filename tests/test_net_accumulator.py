@@ -12,8 +12,12 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+import torch
+
 from net_procs import Broker, Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from netns import netns  # noqa: F401 (a fixture)
+from shmpad.net import Accumulator
 
 
 def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
@@ -111,3 +115,16 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
     for p in peers:
         p.finish()
     assert assert_identical(peers) >= 5
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"host": "0.0.0.0"}, "host '0.0.0.0' is where the other peers connect"),
+        ({"min_size": 0}, "min_size must be an int >= 1, got 0"),
+        ({"virtual_batch_size": -1}, "virtual_batch_size must be an int >= 0, got -1"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Accumulator(torch.nn.Linear(2, 2), broker="127.0.0.1:1", token="t", **kwargs)

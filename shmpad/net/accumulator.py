@@ -95,6 +95,11 @@ class Accumulator:
         self.op_timeout = op_timeout
         self.min_size = min_size
         self._started = False  # a ring of at least min_size members has formed once
+        if host in ("0.0.0.0", "::", ""):
+            raise ValueError(
+                f"host {host!r} is where the other peers connect to this one, so it must be an address they "
+                f"can reach (this host's own), not a wildcard"
+            )
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.params = [p for p in model.parameters() if p.requires_grad]
         sizes = [p.numel() for p in self.params]
