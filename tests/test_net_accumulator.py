@@ -10,18 +10,21 @@ per step with a hash of its parameters, buffers and optimiser state.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
 import torch
 
-from net_procs import Broker, Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
+from net_procs import Broker as BrokerProcess
+from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from netns import netns  # noqa: F401 (a fixture)
 from shmpad.net import Accumulator
+from shmpad.net import Broker
 
 
 def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
-    broker = Broker()
+    broker = BrokerProcess()
     procs.append(broker)
     peers = [Peer(broker.address, f"p{i}") for i in range(3)]
     procs.extend(peers)
@@ -39,7 +42,7 @@ def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
 
 
 def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
-    broker = Broker()
+    broker = BrokerProcess()
     procs.append(broker)
     peers = [Peer(broker.address, f"k{i}", "g", "--width", "2048") for i in range(3)]
     procs.extend(peers)
@@ -65,7 +68,7 @@ def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
 
 
 def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
-    broker = Broker()
+    broker = BrokerProcess()
     procs.append(broker)
     peers = [Peer(broker.address, f"r{i}") for i in range(2)]
     procs.extend(peers)
@@ -73,7 +76,7 @@ def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
         p.wait(lambda p: len(p.steps_with(2)) >= 5, 60, "5 steps in a group of 2")
     old_key = peers[0].steps[-1]["key"].split("/")[0]
     broker.kill()
-    broker = Broker(port=broker.port)
+    broker = BrokerProcess(port=broker.port)
     procs.append(broker)
     for p in peers:
         p.wait(lambda p: any(s["key"].split("/")[0] != old_key for s in p.steps[-1:]) and len(
@@ -85,7 +88,7 @@ def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
 
 def test_peers_on_separate_network_hosts_train_together(procs, netns):
     spaces = netns(3)
-    broker = Broker(host=spaces[0].gateway)
+    broker = BrokerProcess(host=spaces[0].gateway)
     procs.append(broker)
     peers = [Peer(broker.address, f"h{i}", "g", "--host", ns.ip, popen=ns.popen) for i, ns in enumerate(spaces)]
     procs.extend(peers)
@@ -97,7 +100,7 @@ def test_peers_on_separate_network_hosts_train_together(procs, netns):
 
 
 def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
-    broker = Broker()  # drops a silent member after 5 s
+    broker = BrokerProcess()  # drops a silent member after 5 s
     procs.append(broker)
     peers = [Peer(broker.address, f"s{i}") for i in range(3)]
     procs.extend(peers)
@@ -128,3 +131,63 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Accumulator(torch.nn.Linear(2, 2), broker="127.0.0.1:1", token="t", **kwargs)
+
+
+def run_peers(bodies, **kwargs) -> list:
+    """Run each ``body(acc)`` in a thread with an Accumulator of its own (two-weight
+    linear models, identical after the first sync) in one group of an in-process broker."""
+    results: list = [None] * len(bodies)
+    errors: list = []
+    with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
+
+        def peer(i, body):
+            model = torch.nn.Linear(2, 1, bias=False)
+            acc = Accumulator(model, broker=broker.address, group="g", name=f"t{i}", token="t",
+                              min_size=len(bodies), **kwargs)
+            try:
+                assert acc.ready(timeout=30)
+                results[i] = body(acc, model)
+            except BaseException as e:  # reported by the test's thread
+                errors.append(e)
+            finally:
+                acc.close()
+
+        threads = [threading.Thread(target=peer, args=(i, b)) for i, b in enumerate(bodies)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a peer did not finish"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def set_grad(model, values) -> None:
+    model.weight.grad = torch.tensor([values], dtype=torch.float32)
+
+
+def test_gradients_are_averaged_over_the_peers_that_contributed():
+    def contributes(acc, model):
+        set_grad(model, [3.0, 6.0])
+        return acc.reduce_gradients(8), model.weight.grad.tolist(), acc.version
+
+    def skips(acc, model):
+        return acc.skip_gradients(), model.weight.grad.tolist() if model.weight.grad is not None else None, acc.version
+
+    a, b, c = run_peers([contributes, contributes, skips])
+    assert a == b == (True, [[3.0, 6.0]], 1)  # (3 + 3 + 0) / 2 contributions, not / 3 peers
+    assert c[0] is True and c[2] == 1
+
+
+def test_a_virtual_batch_steps_once_enough_samples_were_summed():
+    def body(acc, model):
+        out = []
+        for g in ([1.0, 2.0], [3.0, 4.0]):
+            set_grad(model, g)
+            out.append(acc.reduce_gradients(8))
+        return out, model.weight.grad.tolist(), acc.version
+
+    a, b = run_peers([body, body], virtual_batch_size=32)
+    # 2 peers x 8 = 16 samples per reduction: the second reaches 32; mean of 4 contributions
+    assert a == b == ([False, True], [[2.0, 3.0]], 1)
