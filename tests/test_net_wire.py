@@ -263,6 +263,48 @@ def test_broker_never_unpickles(broker, logs, tmp_path, kind, join_first):
     assert not marker.exists()
 
 
+def test_deeply_nested_json_is_a_frame_error():
+    frame = wire.Frame(wire.Kind.CONTROL, 0, 0, bytearray(b"[" * 200000))
+    with pytest.raises(FrameError, match="nests its JSON deeper than this side can decode"):
+        frame.json()
+
+
+@pytest.fixture
+def json_listener():
+    """A Listener (default max_frame, like the mesh's) whose handlers read with
+    ``recv_json``; ``outcomes`` holds the exception that ended each connection."""
+    outcomes: queue.Queue = queue.Queue()
+
+    def handle(conn: wire.Connection) -> None:
+        try:
+            while True:
+                conn.recv_json()
+        except Exception as e:
+            outcomes.put(e)
+            raise
+
+    with wire.Listener(handle, token=TOKEN) as lst:
+        lst.outcomes = outcomes
+        yield lst
+
+
+def test_recv_json_refuses_a_frame_of_another_kind_before_reading_it(json_listener, logs):
+    """A BYTES header claiming 200 MiB (under max_frame) is refused at once, unread:
+    the sender never sends the payload and the receiver allocates nothing for it."""
+    claim = 200 << 20
+    port = send_frame_bytes(json_listener.address, TOKEN, _raw_frame(wire.Kind.BYTES, b"", length=claim))
+    message = f"expected a CONTROL frame, got kind 3 ({claim} bytes)"
+    assert message in log_line(logs, "closing connection from", port)
+    outcome = json_listener.outcomes.get(timeout=5)
+    assert isinstance(outcome, FrameError) and message in str(outcome)
+
+
+def test_recv_json_refuses_deeply_nested_json_with_a_log_line(json_listener, logs):
+    port = send_frame_bytes(json_listener.address, TOKEN, _raw_frame(wire.Kind.CONTROL, b"[" * 200000))
+    assert "nests its JSON deeper" in log_line(logs, "closing connection from", port)
+    assert isinstance(json_listener.outcomes.get(timeout=5), FrameError)
+
+
 # ---------------------------------------------------------------- tensors
 
 DTYPES = [np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,

@@ -244,6 +244,8 @@ class Frame:
             value = json.loads(bytes(self.payload).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise FrameError(f"CONTROL frame is not valid UTF-8 JSON: {e}") from None
+        except RecursionError:  # "[" * 200000 fits in MAX_CONTROL
+            raise FrameError("CONTROL frame nests its JSON deeper than this side can decode") from None
         if not isinstance(value, dict):
             raise FrameError(f"CONTROL frame must hold a JSON object, got {type(value).__name__}")
         return value
@@ -342,7 +344,14 @@ class Connection:
         return Frame(kind, flags, tag, payload)
 
     def recv_json(self) -> dict:
-        frame = self.recv()
+        """Read one ``CONTROL`` frame as a dict; any other frame closes the connection
+        (``FrameError``) before its payload is read, so it costs no memory."""
+        kind, flags, tag, length = self.recv_header()  # refuses a CONTROL frame over MAX_CONTROL
+        if kind != Kind.CONTROL:
+            self._refuse(f"expected a CONTROL frame, got kind {kind} ({length} bytes)")
+        payload = bytearray(length)
+        self.recv_into(memoryview(payload), what=f"a {length}-byte frame")
+        frame = Frame(kind, flags, tag, payload)
         try:
             return frame.json()
         except FrameError as e:
