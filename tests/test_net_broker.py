@@ -27,6 +27,7 @@ from helpers import track_pid
 from helpers import wait_until
 from netns import netns  # noqa: F401  (a fixture)
 from shmpad.net import broker as broker_module
+from shmpad.net import group as group_module
 from shmpad.net import wire
 from shmpad.net.group import GroupClient
 from shmpad.net.group import Member
@@ -278,6 +279,9 @@ BAD_JOINS = [
     ({"op": "join", "group": "g", "name": "n" * 129, "address": "a:1"}, "name must be at most 128 characters, got 129"),
     ({"op": "join", "group": "", "name": "n", "address": "a:1"}, "group must not be empty"),
     ({"op": "join", "group": "g", "name": "n", "address": 7}, "address must be a string, got 7"),
+    ({"op": "join", "group": "g", "name": "n", "address": ""}, "join: address '' has no port; use HOST:PORT"),
+    ({"op": "join", "group": "g", "name": "n", "address": "h:x"}, "join: address 'h:x': port 'x' is not a number"),
+    ({"op": "join", "group": "g", "name": "n", "address": ":1"}, "join: address ':1' has no host"),
 ]
 
 
@@ -492,6 +496,33 @@ def test_client_arguments_are_checked():
         GroupClient("127.0.0.1:1", "g", "n", 7, token=TOKEN)
     with pytest.raises(ValueError, match="address 'nowhere' has no port"):
         GroupClient("nowhere", "g", "n", "a:1", token=TOKEN)
+    with pytest.raises(ValueError, match="join: address '' has no port; use HOST:PORT"):
+        GroupClient("127.0.0.1:1", "g", "n", "", token=TOKEN)
+    with pytest.raises(ValueError, match="join: address 'a:70000': port must be in 0..65535, got 70000"):
+        GroupClient("127.0.0.1:1", "g", "n", "a:70000", token=TOKEN)
+
+
+def test_an_unexpected_error_in_the_client_thread_reconnects(monkeypatch, caplog):
+    """A bug while taking a member list is logged and recorded, and the client joins again
+    (its thread does not die while the ping thread lives on)."""
+    real = group_module._parse_members
+    broken = threading.Event()
+    broken.set()
+
+    def buggy(msg: dict) -> Membership:
+        if broken.is_set():
+            raise RuntimeError("a bug in the client")
+        return real(msg)
+
+    monkeypatch.setattr(group_module, "_parse_members", buggy)
+    with broker_module.Broker(port=0, token=TOKEN, heartbeat_s=0.1, settle_s=0.05) as broker:
+        with GroupClient(broker.address, "g", "a", "a:1", token=TOKEN, reconnect_max_s=0.2) as client:
+            failed = "group client 'a' failed and reconnects: RuntimeError: a bug in the client"
+            assert wait_until(lambda: client.last_error == failed, 5), client.last_error
+            assert failed in caplog.text
+            broken.clear()
+            wait_names(client, ["a"])
+            assert client.connected and client.last_error is None
 
 
 # ---------------------------------------------------------------- separate hosts

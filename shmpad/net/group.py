@@ -40,10 +40,14 @@ def validate_join(msg: dict) -> tuple[str, str, str]:
         value = msg.get(key)
         if not isinstance(value, str):
             raise TypeError(f"join: {key} must be a string, got {show(value)}")
-        if key != "address" and not value:
+        if key != "address" and not value:  # an empty address is refused by parse_address below
             raise ValueError(f"join: {key} must not be empty")
         if len(value) > limit:
             raise ValueError(f"join: {key} must be at most {limit} characters, got {len(value)}")
+    try:  # the other members connect to it: a list with a malformed one would break them all
+        wire.parse_address(msg["address"])
+    except ValueError as e:
+        raise ValueError(f"join: {e}") from None
     return msg["group"], msg["name"], msg["address"]
 
 
@@ -215,7 +219,13 @@ class GroupClient:
             except OSError as e:
                 self._error(f"cannot reach broker {self.broker}: {e}", level=logging.INFO)
             else:
-                joined = self._session(conn)
+                try:
+                    joined = self._session(conn)
+                except Exception as e:  # a bug must not end the membership while the pings go on
+                    message = f"group client {self.name!r} failed and reconnects: {type(e).__name__}: {e}"
+                    if message != self._last_error:
+                        log.exception("%s", message)
+                    self._last_error = message
             if joined:
                 backoff = FIRST_BACKOFF_S
             if self._replaced or self._stop.wait(backoff):
