@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from helpers import wait_until
 from net_procs import Broker as BrokerProcess
 from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from netns import netns  # noqa: F401 (a fixture)
@@ -191,3 +192,37 @@ def test_a_virtual_batch_steps_once_enough_samples_were_summed():
     a, b = run_peers([body, body], virtual_batch_size=32)
     # 2 peers x 8 = 16 samples per reduction: the second reaches 32; mean of 4 contributions
     assert a == b == ([False, True], [[2.0, 3.0]], 1)
+
+
+def test_a_group_change_while_a_ring_forms_is_not_waited_out():
+    """a forms the ring of {a, b} while b is busy elsewhere; c joins. a must move on
+    to {a, b, c} at once, not wait out its 30 s timeout for a ring b will never form."""
+    with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
+        def make(name: str) -> Accumulator:
+            return Accumulator(torch.nn.Linear(2, 1), broker=broker.address, group="g", name=name, token="t",
+                               op_timeout=30.0)
+
+        a, b = make("a"), make("b")
+        try:
+            ready: dict = {}
+            thread_a = threading.Thread(target=lambda: ready.update(a=a.ready(timeout=60)))
+            thread_a.start()
+            forming_ab = lambda: a._forming is not None and len(a._group.membership().members) == 2  # noqa: E731
+            assert wait_until(forming_ab, 20), "a never started forming the ring of {a, b}"
+            c = make("c")
+            start = time.monotonic()
+            thread_c = threading.Thread(target=lambda: ready.update(c=c.ready(timeout=60)))
+            thread_c.start()
+            assert wait_until(lambda: b._group.membership() is not None and len(b._group.membership().members) == 3, 20)
+            ready["b"] = b.ready(timeout=60)  # b comes back from its busy spell
+            thread_a.join(60)
+            thread_c.join(60)
+            elapsed = time.monotonic() - start
+            assert ready == {"a": True, "b": True, "c": True}
+            assert elapsed < 10, f"the group of 3 formed only after {elapsed:.1f} s"
+            assert a.size == b.size == c.size == 3
+        finally:
+            for acc in (a, b):
+                acc.close()
+            if "c" in locals():
+                c.close()

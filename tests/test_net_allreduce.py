@@ -514,3 +514,44 @@ def test_bench_measures_both_subjects_and_leaves_no_process():
     assert set(times) == {(s.name, size) for s in subjects for size in (4096, 3 << 20)}
     assert all(len(t) == 2 and min(t) > 0 for t in times.values())
     assert set(FORK.active_children()) == before
+
+
+def _ring_in_thread(mesh: Mesh, key: str, addresses: list[str], rank: int, timeout: float) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        start = time.monotonic()
+        try:
+            out["ring"] = mesh.ring(key, addresses, rank, timeout=timeout)
+        except Abandoned as e:
+            out["error"] = e
+        out["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.parametrize("stage", ["waiting for the previous member", "waiting for the next member's welcome"])
+@pytest.mark.parametrize("how", ["abandon", "close"])
+def test_a_ring_still_forming_is_abandoned_promptly(meshes, stage, how):
+    """A group change (``abandon(key)``) or the mesh closing wakes ``ring()`` at once,
+    whichever neighbour it waits for, instead of leaving it to its timeout."""
+    if stage == "waiting for the previous member":
+        a, b = meshes(2)  # b never calls ring(): a's previous member never connects
+        addresses, other = [a.address, b.address], None
+    else:
+        # c connects to a, but b (a's next) never calls ring(): a waits for b's welcome
+        a, b, c = meshes(3)
+        addresses = [a.address, b.address, c.address]
+        other, _ = _ring_in_thread(c, "k", addresses, 2, timeout=2)
+    thread, out = _ring_in_thread(a, "k", addresses, 0, timeout=30)
+    time.sleep(0.5)  # a is inside ring() by now (a slower start only shortens what is measured)
+    assert thread.is_alive()
+    start = time.monotonic()
+    a.abandon("k", "the group changed") if how == "abandon" else a.close()
+    thread.join(10)
+    assert not thread.is_alive() and "error" in out, out
+    assert time.monotonic() - start < 2, f"ring() took {time.monotonic() - start:.1f} s to notice"
+    if other is not None:
+        other.join(10)

@@ -119,8 +119,13 @@ class Accumulator:
         self._failed: tuple[Any, float] | None = None  # (membership key, when) of the last ring that failed
         self._broker, self._group_name, self._token = broker, group, token
         self._closed = False
+        self._forming: str | None = None  # key of the ring being formed
         self._mesh = Mesh(host, port, token)
-        self._group = GroupClient(broker, group, self.name, self._mesh.address, token)
+        try:
+            self._group = GroupClient(broker, group, self.name, self._mesh.address, token)
+        except BaseException:
+            self._mesh.close()
+            raise
         self._group.add_listener(self._on_membership)
         self._group.start()
 
@@ -130,8 +135,11 @@ class Accumulator:
         with self._lock:
             self._latest = membership
             ring = self._ring
+            forming = self._forming
         if ring is not None and ring.key != _key(membership):
             ring.close()  # a reduction in flight on the old ring raises Abandoned on every peer
+        if forming is not None and forming != _key(membership):
+            self._mesh.abandon(forming, f"epoch {membership.epoch} replaced it")  # its members will not all come
 
     @property
     def connected(self) -> bool:
@@ -158,7 +166,8 @@ class Accumulator:
         while not self._closed:
             with self._lock:
                 membership = self._latest
-            if membership is not None and self._ring is not None and self._ring.key == _key(membership):
+                ring = self._ring
+            if membership is not None and ring is not None and ring.key == _key(membership):
                 return True
             starting = membership is not None and not self._started and len(membership.members) < self.min_size
             if membership is not None and self.name in membership.names and not starting:
@@ -175,19 +184,26 @@ class Accumulator:
         return False
 
     def _form(self, membership: Membership) -> bool:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        with self._lock:
+            old, self._ring = self._ring, None
+            if self._latest is not membership or self._closed:
+                return False
+            self._forming = _key(membership)
+        if old is not None:
+            old.close()
         addresses = [m.address for m in membership.members]
         try:
             ring = self._mesh.ring(_key(membership), addresses, membership.rank(self.name), timeout=self.op_timeout)
-        except Abandoned as e:
+        except (Abandoned, ValueError) as e:  # ValueError: a member announced an address that is none
             log.info("%s: could not form the ring of epoch %s: %s", self.name, membership.epoch, e)
             self._failed = (membership.key, time.monotonic())
             return False
+        finally:
+            with self._lock:
+                self._forming = None
         with self._lock:
             self._ring = ring
-            stale = self._latest is not membership
+            stale = self._latest is not membership or self._closed
         if stale:
             self._drop_ring()
             return False
@@ -207,7 +223,8 @@ class Accumulator:
         """After a failure: the ring's epoch is not to be formed again. A newer member
         list is usually on its way (a peer died or joined); if none comes within
         ``RETRY_S``, ``ready()`` rejoins the broker to force one."""
-        ring, self._ring = self._ring, None
+        with self._lock:
+            ring, self._ring = self._ring, None
         if ring is None:
             return
         ring.close()
@@ -221,10 +238,15 @@ class Accumulator:
         on the next ring to form without having to talk to each other."""
         log.info("%s: the ring of epoch %s failed and no new member list came; rejoining", self.name, membership.epoch)
         self._failed = (membership.key, time.monotonic())
-        self._group.close()
-        self._group = GroupClient(self._broker, self._group_name, self.name, self._mesh.address, self._token)
-        self._group.add_listener(self._on_membership)
-        self._group.start()
+        with self._lock:
+            old = self._group
+        old.close()
+        with self._lock:  # close() from another thread meanwhile: no new member must appear
+            if self._closed:
+                return
+            self._group = GroupClient(self._broker, self._group_name, self.name, self._mesh.address, self._token)
+            self._group.add_listener(self._on_membership)
+            self._group.start()
 
     # -- state ----------------------------------------------------------------------
 
@@ -332,11 +354,12 @@ class Accumulator:
             if self._closed:
                 return
             self._closed = True
-        self._group.close()
-        ring, self._ring = self._ring, None
+            ring, self._ring = self._ring, None
+            group = self._group
         if ring is not None:
             ring.close()
-        self._mesh.close()
+        self._mesh.close()  # also abandons a ring still forming
+        group.close()
 
     def __enter__(self) -> Accumulator:
         return self

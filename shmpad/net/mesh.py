@@ -61,6 +61,9 @@ class _Forming:
         self.size = size
         self.incoming: _Incoming | None = None
         self.arrived = threading.Event()
+        self.out: Connection | None = None  # our connection to the next member, once made
+        self.cancelled: str | None = None  # why the ring is no longer wanted (see Mesh.abandon)
+        self.cancel = threading.Event()
 
     def offer(self, inc: _Incoming) -> str | None:
         """Take ``inc`` if it is the connection this ring waits for; else why not."""
@@ -159,12 +162,14 @@ class Mesh:
         deadline = time.monotonic() + timeout
         out: Connection | None = None
         try:
-            out = self._connect(addresses[(rank + 1) % size], key, rank, size, deadline)
-            if not forming.arrived.wait(max(0.0, deadline - time.monotonic())):
+            out = self._connect(addresses[(rank + 1) % size], key, rank, size, deadline, forming)
+            with self._lock:
+                forming.out = out
+            if forming.cancelled is None and not forming.arrived.wait(max(0.0, deadline - time.monotonic())):
                 raise Abandoned(f"ring {key!r}: rank {(rank - 1) % size} did not connect to rank {rank} within {timeout} s")
+            if forming.cancelled is not None:
+                raise Abandoned(f"ring {key!r} was abandoned while it formed: {forming.cancelled}")
             inc = forming.incoming
-            if inc is None:
-                raise Abandoned(f"mesh {self.address} was closed while ring {key!r} formed")
             inc.conn.send_json({"ok": True, "rank": rank})
             self._await_welcome(out, key, rank, size, addresses, deadline, timeout)
         except BaseException as e:
@@ -188,22 +193,36 @@ class Mesh:
             raise Abandoned(f"mesh {self.address} was closed while ring {key!r} formed")
         return ring
 
+    def abandon(self, key: str, reason: str = "its group changed") -> None:
+        """Make a ``ring(key, ...)`` call that is still forming raise ``Abandoned``
+        promptly (from any thread); nothing happens if that ring is not forming."""
+        with self._lock:
+            forming = self._forming.get(key)
+            if forming is None:
+                return
+            forming.cancelled = reason
+            out = forming.out
+        forming.cancel.set()
+        forming.arrived.set()
+        if out is not None:
+            out.close()  # wakes the wait for the next member's welcome
+
     def close(self) -> None:
-        """Abandon every ring of this mesh and stop listening. Idempotent."""
+        """Abandon every ring of this mesh, forming or formed, and stop listening. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             rings = list(self._rings)
             held = list(self._incoming)
-            forming = list(self._forming.values())
+            forming = list(self._forming)
+        for key in forming:
+            self.abandon(key, f"mesh {self.address} was closed")
         for ring in rings:
             ring.close()
         self._listener.close()
         for inc in held:
             inc.released.set()
-        for f in forming:
-            f.arrived.set()
         with self._lock:  # the listener's threads let go of their connections at once
             self._idle.wait_for(lambda: not self._incoming, timeout=5)
 
@@ -215,10 +234,12 @@ class Mesh:
 
     # -------------------------------------------------------------- internals
 
-    def _connect(self, address: str, key: str, rank: int, size: int, deadline: float) -> Connection:
+    def _connect(self, address: str, key: str, rank: int, size: int, deadline: float, forming: _Forming) -> Connection:
         """Connect to the next member (retrying while it cannot be reached) and name our ring."""
         pause = RETRY_S
         while True:
+            if forming.cancelled is not None:
+                raise Abandoned(f"ring {key!r} was abandoned while it formed: {forming.cancelled}")
             left = deadline - time.monotonic()
             try:
                 conn = wire.connect(address, self._token, timeout=max(0.1, min(left, wire.HANDSHAKE_TIMEOUT_S)))
@@ -226,11 +247,9 @@ class Mesh:
             except AuthError:
                 raise
             except OSError as e:
-                if self._closed:
-                    raise Abandoned(f"mesh {self.address} was closed while ring {key!r} formed") from None
                 if time.monotonic() + pause >= deadline:
                     raise Abandoned(f"ring {key!r}: cannot reach rank {(rank + 1) % size} at {address}: {e}") from None
-                time.sleep(pause)  # a member that just started may not listen yet
+                forming.cancel.wait(pause)  # a member that just started may not listen yet (abandon() wakes us)
                 pause = min(1.0, pause * 2)
         conn.send_json({"ring": key, "rank": rank, "size": size})
         return conn
