@@ -214,6 +214,68 @@ def test_client_refuses_a_server_that_fails_the_handshake(greeting, proof, messa
         sock.close()
 
 
+def _idle_socket(address: str, source: str) -> socket.socket:
+    """A TCP connection from ``source`` (any 127.x.y.z works on loopback) that never says a word."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((source, 0))
+    sock.connect(wire.parse_address(address))
+    return sock
+
+
+def _was_refused(sock: socket.socket) -> bool:
+    """True if the listener reset ``sock`` unread (an idle one being served got a hello instead)."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(wire.SERVER_HELLO.size, socket.MSG_WAITALL) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_sockets_from_one_address_cannot_lock_others_out(listener, logs, monkeypatch):
+    """With a per-address cap below the global one, one host's silent sockets take only
+    their share of the handshake slots: a client from another address still connects."""
+    monkeypatch.setattr(wire, "MAX_HANDSHAKES", 4)
+    idle = []
+    with wire.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=2) as lst:
+        try:
+            idle = [_idle_socket(lst.address, "127.0.0.2") for _ in range(8)]
+            refused = [_was_refused(sock) for sock in idle]
+            assert refused == [False] * 2 + [True] * 6
+            assert "2 handshakes from 127.0.0.2 already in progress" in log_line(logs, "refused 127.0.0.2:", idle[-1].getsockname()[1])
+            with wire.connect(lst.address, TOKEN) as conn:  # from 127.0.0.1
+                conn.send_json({"still": "here"})
+                assert conn.recv_json() == {"echo": {"still": "here"}}
+            # the global cap still holds over all addresses
+            idle += [_idle_socket(lst.address, "127.0.0.3") for _ in range(2)]
+            assert [_was_refused(sock) for sock in idle[-2:]] == [False, False]
+            late = _idle_socket(lst.address, "127.0.0.4")
+            idle.append(late)
+            assert _was_refused(late)
+            assert "4 handshakes already in progress" in log_line(logs, "refused 127.0.0.4:", late.getsockname()[1])
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_a_silent_client_frees_its_slot_after_the_server_deadline(listener, logs, monkeypatch):
+    assert wire.SERVER_HANDSHAKE_TIMEOUT_S <= 5.0 < wire.HANDSHAKE_TIMEOUT_S
+    monkeypatch.setattr(wire, "SERVER_HANDSHAKE_TIMEOUT_S", 0.3)
+    with wire.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=1) as lst:
+        with _idle_socket(lst.address, "127.0.0.2") as sock:
+            assert not _was_refused(sock)
+            log_line(logs, "no complete handshake within 0.3 s", sock.getsockname()[1])
+            _drain_until_closed(sock)
+        assert wait_until(lambda: not lst._handshakes, 5)
+        with _idle_socket(lst.address, "127.0.0.2") as sock:  # the slot is free again
+            assert not _was_refused(sock)
+
+
+@pytest.mark.parametrize("cap, error", [(0, ValueError), (True, TypeError), (1.5, TypeError)])
+def test_max_handshakes_per_ip_is_checked(cap, error):
+    with pytest.raises(error, match="max_handshakes_per_ip must be"):
+        wire.Listener(lambda conn: None, token=TOKEN, max_handshakes_per_ip=cap)
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -12,7 +12,10 @@ and logged, nothing it sent is decoded)::
 
 Both sides prove they hold the token without sending it, and each side's nonce
 makes a recorded handshake useless for a replay. The whole handshake has a deadline
-(``HANDSHAKE_TIMEOUT_S``), so a silent client cannot hold a listener's thread.
+(``SERVER_HANDSHAKE_TIMEOUT_S`` on the listener's side), so a silent client cannot hold
+a listener's thread for long; and a listener runs at most ``MAX_HANDSHAKES`` at once, at
+most ``MAX_HANDSHAKES_PER_IP`` of them from one source address, so idle sockets from one
+host cannot lock everyone else out. A connection over either limit is reset unread.
 
 Frame, after the handshake (little endian)::
 
@@ -82,9 +85,12 @@ HEADER = struct.Struct("<4sBBHQQ")  # 24 B
 MAX_HANDSHAKES = 64
 """connections a listener authenticates at once; more are closed unread (a flood of
 silent clients cannot turn into a flood of threads)"""
+MAX_HANDSHAKES_PER_IP = 8
+"""of those, from one source address (a listener's default)"""
 MAX_FRAME = 256 << 20  # default bound of one frame's payload; tensors travel in chunks below it
 MAX_CONTROL = 1 << 20
-HANDSHAKE_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 10.0  # the client's; a listener waits SERVER_HANDSHAKE_TIMEOUT_S
+SERVER_HANDSHAKE_TIMEOUT_S = 5.0
 
 TOKEN_ENV = "SHMPAD_TOKEN"
 
@@ -473,7 +479,7 @@ def accept(
     sock: socket.socket,
     peer: str,
     token: bytes,
-    timeout: float = HANDSHAKE_TIMEOUT_S,
+    timeout: float = SERVER_HANDSHAKE_TIMEOUT_S,
     max_frame: int = MAX_FRAME,
 ) -> Connection:
     """Run the server side of the handshake on a freshly accepted socket.
@@ -516,7 +522,8 @@ class Listener:
     ``handler(conn)`` runs in a thread of its own per authenticated connection; a client
     that fails the handshake is logged and dropped without reaching it. Binds to
     loopback unless ``host`` says otherwise; ``port=0`` picks a free port
-    (``address`` tells which)."""
+    (``address`` tells which). At most ``max_handshakes_per_ip`` handshakes from one
+    source address run at once (and ``MAX_HANDSHAKES`` in all); more are reset unread."""
 
     def __init__(
         self,
@@ -526,8 +533,14 @@ class Listener:
         token: bytes | str | None = None,
         max_frame: int = MAX_FRAME,
         name: str = "shmpad-listener",
+        max_handshakes_per_ip: int = MAX_HANDSHAKES_PER_IP,
     ):
+        if isinstance(max_handshakes_per_ip, bool) or not isinstance(max_handshakes_per_ip, int):
+            raise TypeError(f"max_handshakes_per_ip must be an int, got {type(max_handshakes_per_ip).__name__}")
+        if max_handshakes_per_ip < 1:
+            raise ValueError(f"max_handshakes_per_ip must be >= 1, got {max_handshakes_per_ip}")
         self._handler = handler
+        self._max_per_ip = max_handshakes_per_ip
         self._token = load_token(token)
         self._max_frame = max_frame
         self._name = name
@@ -542,7 +555,8 @@ class Listener:
         self._sock.listen(128)
         self.host, self.port = self._sock.getsockname()[:2]
         self._closed = threading.Event()
-        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._max_handshakes = MAX_HANDSHAKES
+        self._handshakes: dict[str, int] = {}  # source address -> handshakes in progress; under _lock
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
@@ -561,20 +575,34 @@ class Listener:
                     return
                 time.sleep(0.01)  # EMFILE and friends: do not spin
                 continue
-            peer = f"{addr[0]}:{addr[1]}"
-            if not self._handshakes.acquire(blocking=False):
-                log.warning("refused %s: %d handshakes already in progress", peer, MAX_HANDSHAKES)
+            ip = addr[0]
+            peer = f"{ip}:{addr[1]}"
+            with self._lock:
+                if sum(self._handshakes.values()) >= self._max_handshakes:
+                    refusal = f"{self._max_handshakes} handshakes already in progress"
+                elif self._handshakes.get(ip, 0) >= self._max_per_ip:
+                    refusal = f"{self._max_per_ip} handshakes from {ip} already in progress"
+                else:
+                    refusal = None
+                    self._handshakes[ip] = self._handshakes.get(ip, 0) + 1
+            if refusal is not None:
+                log.warning("refused %s: %s", peer, refusal)
+                # a reset, not a FIN: a client sees ConnectionResetError, which retrying clients retry
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 sock.close()
                 continue
-            threading.Thread(target=self._serve, args=(sock, peer), name=f"{self._name}-{peer}", daemon=True).start()
+            threading.Thread(target=self._serve, args=(sock, ip, peer), name=f"{self._name}-{peer}", daemon=True).start()
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _serve(self, sock: socket.socket, ip: str, peer: str) -> None:
         try:
-            conn = accept(sock, peer, self._token, max_frame=self._max_frame)
+            conn = accept(sock, peer, self._token, timeout=SERVER_HANDSHAKE_TIMEOUT_S, max_frame=self._max_frame)
         except AuthError:
             return
         finally:
-            self._handshakes.release()
+            with self._lock:
+                left = self._handshakes.pop(ip) - 1
+                if left:
+                    self._handshakes[ip] = left
         with self._lock:
             if self._closed.is_set():
                 conn.close()
