@@ -177,6 +177,57 @@ def test_server_thread_pool_is_bounded():
         assert all(isinstance(f.exception(30), threading.BrokenBarrierError) for f in futures)
 
 
+def _counting_reads(srv: TcpRpcServer) -> list:
+    """The requests ``srv`` has read (each is handed to its workers once read)."""
+    read: list = []
+    submit = srv._workers.submit
+
+    def counted(fn, conn, call_id, *rest):
+        read.append(call_id)
+        submit(fn, conn, call_id, *rest)
+
+    srv._workers.submit = counted
+    return read
+
+
+def test_a_pipelining_client_is_held_to_twice_the_threads_in_flight():
+    """With every thread busy, the server reads 2 x threads requests of one connection
+    ahead of their replies and no more (the rest wait in the client); all complete."""
+    service = Service()
+    with TcpRpcServer(service, threads=2) as srv, TcpRpcClient(srv.address) as c:
+        read = _counting_reads(srv)
+        blocked = [c.futures.wait_gate() for _ in range(2)]
+        megabyte = np.ones(1 << 20, np.uint8)
+        sent: list = []
+        sender = threading.Thread(target=lambda: sent.extend(c.futures.echo(megabyte) for _ in range(60)))
+        sender.start()  # its sends block once the socket buffers are full
+        assert wait_until(lambda: len(read) == 4, 5), read
+        assert not wait_until(lambda: len(read) > 4, 0.5), f"the server read {len(read)} requests with 2 threads busy"
+        service.gate.set()
+        sender.join(30)
+        assert all(f.result(30) is True for f in blocked)
+        assert all(np.array_equal(f.result(30), megabyte) for f in sent) and len(sent) == 60
+
+
+def test_closing_the_server_releases_a_connection_at_its_limit():
+    service = Service()
+    srv = TcpRpcServer(service, threads=1)
+    try:
+        with TcpRpcClient(srv.address) as c:
+            read = _counting_reads(srv)
+            waiting = [c.futures.wait_gate() for _ in range(3)]
+            assert wait_until(lambda: len(read) == 2, 5)
+            readers = [t for t in threading.enumerate() if t.name.startswith("shmpad-tcp-rpc-127.0.0.1")]
+            assert len(readers) == 1
+            srv.close(timeout=0.1)  # its handler is still blocked
+            readers[0].join(5)
+            assert not readers[0].is_alive(), "the connection's reader waits for a handler of a closed connection"
+            assert all(isinstance(f.exception(5), ConnectionError) for f in waiting)
+    finally:
+        service.gate.set()
+        srv.close()
+
+
 def test_remote_exception_has_type_message_and_traceback(client):
     with pytest.raises(CustomError, match="^boom$") as info:
         client.fail("boom")

@@ -22,7 +22,13 @@ frames are bounded by the connection's ``max_frame`` (``wire.MAX_FRAME``), so on
 call's arguments or result are too.
 
 The server runs calls on up to ``threads`` threads at once, over all its
-connections (a call may wait for another call to the same server). A node that must
+connections (a call may wait for another call to the same server). It reads at most
+``2 x threads`` requests of one connection ahead of their replies; past that the
+client's sends wait in TCP, so a client pipelining large calls holds at most that many
+in the server's memory. That bound cannot deadlock a call that waits for another call
+(a nested call over the same connection, say): with more than ``threads`` requests
+read, some are queued behind busy threads, and a request not yet read would be queued
+behind them, so it could not have run any sooner. A node that must
 be reachable before it starts has its port reserved early (``reserve``):
 connections are refused, and clients retry, until the server listens.
 """
@@ -42,6 +48,7 @@ from typing import Any
 from shmpad.errors import FrameError
 from shmpad.net.wire import MAX_FRAME, Connection, Kind, Listener, parse_address
 from shmpad.rpc import (
+    POLL_S,
     RemoteError,
     dumps,
     failure,
@@ -196,6 +203,7 @@ class TcpRpcServer:
         host, port = parse_address(address)
         self._lookup = public_methods(obj)
         self._workers = _Workers(threads, "shmpad-tcp-rpc-handler")
+        self._read_ahead = 2 * threads  # more than threads: see the module docstring
         self._listener = Listener(self._serve, host, port, token, max_frame, name="shmpad-tcp-rpc")
         self.address = self._listener.address
 
@@ -217,7 +225,11 @@ class TcpRpcServer:
     def _serve(self, conn: Connection) -> None:
         """Read one authenticated connection's requests; each runs on a worker thread."""
         set_keepalive(conn.sock)
+        unanswered = threading.BoundedSemaphore(self._read_ahead)  # released as each reply is sent
         while not conn.closed:
+            while not unanswered.acquire(timeout=POLL_S):
+                if conn.closed:  # closed while every slot waits on a handler: this thread ends now
+                    return
             frame = conn.recv()
             if frame.kind != Kind.PICKLE:
                 refuse(conn, f"frame of kind {frame.kind}: an RPC connection carries only PICKLE frames")
@@ -227,9 +239,15 @@ class TcpRpcServer:
             except FrameError as e:
                 refuse(conn, str(e))
                 return
-            self._workers.submit(self._answer, conn, frame.tag, parts)
+            self._workers.submit(self._answer, conn, frame.tag, parts, unanswered)
 
-    def _answer(self, conn: Connection, call_id: int, parts: tuple) -> None:
+    def _answer(self, conn: Connection, call_id: int, parts: tuple, unanswered: threading.BoundedSemaphore) -> None:
+        try:
+            self._reply(conn, call_id, parts)
+        finally:
+            unanswered.release()  # pairs with the acquire in _serve before this request was read
+
+    def _reply(self, conn: Connection, call_id: int, parts: tuple) -> None:
         try:
             ok, value = True, self._call(parts)
         except BaseException as e:
