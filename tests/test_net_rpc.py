@@ -365,7 +365,7 @@ def _until_closed(sock: socket.socket) -> None:
         pass
 
 
-def test_a_pickle_from_an_unauthenticated_peer_is_never_unpickled(server, client, tmp_path, logs):
+def test_a_pickle_from_an_unauthenticated_or_injected_source_is_never_unpickled(server, client, tmp_path, logs):
     target = tmp_path / "made-by-unpickling"
     frame = _pickle_frame(str(target))
     host, port = wire.parse_address(server.address)
@@ -380,9 +380,17 @@ def test_a_pickle_from_an_unauthenticated_peer_is_never_unpickled(server, client
     log_line(logs, "wrong token")
     assert client.ping() == "pong"
     assert not target.exists()
-    # the same bytes from an authenticated peer are unpickled: the probe above was live
+    # the same bytes injected raw into an authenticated connection (as someone on the
+    # path could) lack the frame's integrity tag: refused, never unpickled
     with wire.connect(server.address, TOKEN) as conn:
         conn.sock.sendall(frame)
+        with pytest.raises(ConnectionError):
+            conn.recv()
+    log_line(logs, "failed its integrity check")
+    assert not target.exists()
+    # sent by the authenticated peer itself, the payload is unpickled: the probe was live
+    with wire.connect(server.address, TOKEN) as conn:
+        conn.send(wire.Kind.PICKLE, frame[wire.HEADER.size:], tag=1)
         assert conn.recv().tag == 1
     assert target.is_dir()
 

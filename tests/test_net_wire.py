@@ -482,3 +482,38 @@ def test_load_token(tmp_path, monkeypatch):
     monkeypatch.setenv(wire.TOKEN_ENV, "")
     with pytest.raises(AuthError, match=r"\$SHMPAD_TOKEN is empty"):
         wire.load_token()
+
+
+def _sealed_pair(key_ab: bytes = b"k" * 32, key_ba: bytes = b"K" * 32):
+    a, b = socket.socketpair()
+    return wire.Connection(a, "a", keys=(key_ab, key_ba)), wire.Connection(b, "b", keys=(key_ba, key_ab))
+
+
+def test_pickle_frames_carry_an_integrity_tag_checked_before_decoding():
+    """A PICKLE frame arrives only if it is exactly what the peer sent, in order: a
+    replayed, tampered or foreign-key frame closes the connection undecoded."""
+    sender, receiver = _sealed_pair()
+    with sender, receiver:
+        for payload in (b"first", b"", b"x" * 100_000):
+            sender.send(wire.Kind.PICKLE, payload, tag=7)
+            frame = receiver.recv()
+            assert (frame.kind, frame.tag, bytes(frame.payload)) == (wire.Kind.PICKLE, 7, payload)
+        # the same keys with a sequence of its own: a replay of frame 0
+        replay = wire.Connection(sender.sock.dup(), "replayer", keys=(b"k" * 32, b"K" * 32))
+        replay.send(wire.Kind.PICKLE, b"first")
+        with pytest.raises(wire.FrameError, match="failed its integrity check"):
+            receiver.recv()
+        replay.close()
+    for mutate in ("tamper", "wrong key"):
+        a, b = socket.socketpair()
+        with a, b:
+            key = b"z" * 32 if mutate == "wrong key" else b"k" * 32
+            wire.Connection(a, "a", keys=(key, b"")).send(wire.Kind.PICKLE, b"payload")
+            raw = bytearray(b.recv(1 << 16))
+            if mutate == "tamper":
+                raw[wire.HEADER.size] ^= 1
+            c, d = socket.socketpair()
+            with c, wire.Connection(d, "d", keys=(b"", b"k" * 32)) as receiver:
+                c.sendall(raw)
+                with pytest.raises(wire.FrameError, match="failed its integrity check"):
+                    receiver.recv()

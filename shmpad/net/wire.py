@@ -28,6 +28,14 @@ Frame, after the handshake (little endian)::
         16     8  length of the payload in bytes, at most the connection's max_frame
         24     *  payload
 
+A ``PICKLE`` frame ends with a 32-byte tag, HMAC-SHA256 under this direction's
+session key (derived from the token and both nonces) of its sequence number on the
+connection, its header and its payload; the receiver checks it before handing the
+payload on. Bytes injected into an authenticated connection by someone on the path
+therefore can never reach an unpickler, and a replayed or reordered frame is
+refused. (Tensor, control and byte frames carry no tag: their worst case is wrong
+data, not code execution, and hashing would cost allreduce half its bandwidth.)
+
 Payload kinds: ``CONTROL`` is a JSON object (UTF-8, at most ``MAX_CONTROL`` bytes);
 ``TENSOR`` is a tensor header (dtype code u8, ndim u8, ndim x u64 shape) followed by
 the raw bytes, sent straight from the array's memory and received straight into a
@@ -267,10 +275,13 @@ class Connection:
     send); receives belong to one thread at a time. ``close()`` from any thread wakes a
     thread blocked in a receive, which then raises ``ConnectionError``."""
 
-    def __init__(self, sock: socket.socket, peer: str, max_frame: int = MAX_FRAME):
+    def __init__(self, sock: socket.socket, peer: str, max_frame: int = MAX_FRAME, keys: tuple[bytes, bytes] = (b"", b"")):
         self.sock = sock
         self.peer = peer
         self.max_frame = max_frame
+        self._send_key, self._recv_key = keys  # session keys of PICKLE frames' tags, per direction
+        self._send_seq = 0
+        self._recv_seq = 0
         self._send_lock = threading.Lock()
         self._closed = False
         self._header = bytearray(HEADER.size)
@@ -291,11 +302,22 @@ class Connection:
         """Send one frame whose payload is the concatenation of ``parts`` (sent from
         where they lie, without joining them)."""
         length = sum(memoryview(p).nbytes for p in parts)
-        if length > self.max_frame:
+        sealed = kind == Kind.PICKLE
+        if length + MAC * sealed > self.max_frame:
             raise FrameError(f"frame of {length} bytes exceeds this connection's limit of {self.max_frame} bytes")
-        header = HEADER.pack(FRAME_MAGIC, VERSION, kind, flags, tag, length)
+        header = HEADER.pack(FRAME_MAGIC, VERSION, kind, flags, tag, length + MAC * sealed)
         with self._send_lock:
+            if sealed:
+                parts = (*parts, self._seal(self._send_key, self._send_seq, header, parts))
+                self._send_seq += 1
             self._sendall([header, *parts])
+
+    @staticmethod
+    def _seal(key: bytes, seq: int, header: bytes, parts) -> bytes:
+        mac = hmac.new(key, seq.to_bytes(8, "little") + header, hashlib.sha256)
+        for part in parts:
+            mac.update(part)
+        return mac.digest()
 
     def send_json(self, obj: dict, tag: int = 0, flags: int = 0) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode()
@@ -343,11 +365,21 @@ class Connection:
         return kind, flags, tag, length
 
     def recv(self) -> Frame:
-        """Read one whole frame into a fresh buffer."""
+        """Read one whole frame into a fresh buffer (a ``PICKLE`` frame's tag checked
+        and removed)."""
         kind, flags, tag, length = self.recv_header()
+        if kind == Kind.PICKLE and length < MAC:
+            self._refuse(f"PICKLE frame of {length} bytes is shorter than its {MAC}-byte integrity tag")
         payload = bytearray(length)
         self.recv_into(memoryview(payload), what=f"a {length}-byte frame")
-        return Frame(kind, flags, tag, payload)
+        if kind != Kind.PICKLE:
+            return Frame(kind, flags, tag, payload)
+        body = memoryview(payload)[:-MAC]
+        expected = self._seal(self._recv_key, self._recv_seq, bytes(self._header), (body,))
+        if not hmac.compare_digest(expected, payload[-MAC:]):
+            self._refuse("PICKLE frame failed its integrity check (injected, replayed or corrupted); it was not decoded")
+        self._recv_seq += 1
+        return Frame(kind, flags, tag, body)
 
     def recv_json(self) -> dict:
         """Read one ``CONTROL`` frame as a dict; any other frame closes the connection
@@ -465,6 +497,7 @@ def connect(
             raise AuthError(f"{peer} refused our token (it closed the connection during the handshake)") from None
         if not hmac.compare_digest(mac_s, _mac(key, b"shmpad server", nonce_c, nonce_s)):
             raise AuthError(f"{peer} does not hold our token (its proof did not match)")
+        keys = _session_keys(key, nonce_s, nonce_c)
         sock.settimeout(None)
     except TimeoutError:
         sock.close()
@@ -472,7 +505,12 @@ def connect(
     except BaseException:
         sock.close()
         raise
-    return Connection(sock, peer, max_frame)
+    return Connection(sock, peer, max_frame, keys)
+
+
+def _session_keys(token: bytes, nonce_s: bytes, nonce_c: bytes) -> tuple[bytes, bytes]:
+    """(client to server, server to client) keys of PICKLE frames' integrity tags."""
+    return _mac(token, b"shmpad c2s", nonce_s, nonce_c), _mac(token, b"shmpad s2c", nonce_s, nonce_c)
 
 
 def accept(
@@ -500,6 +538,7 @@ def accept(
         if not hmac.compare_digest(mac_c, _mac(token, b"shmpad client", nonce_s, nonce_c)):
             raise AuthError(f"refused {peer}: wrong token")
         sock.sendall(_mac(token, b"shmpad server", nonce_c, nonce_s))
+        c2s, s2c = _session_keys(token, nonce_s, nonce_c)
         sock.settimeout(None)
     except TimeoutError:
         sock.close()
@@ -513,7 +552,7 @@ def accept(
         sock.close()
         log.warning("refused %s: %s during the handshake", peer, e)
         raise AuthError(f"refused {peer}: {e} during the handshake") from None
-    return Connection(sock, peer, max_frame)
+    return Connection(sock, peer, max_frame, (s2c, c2s))
 
 
 class Listener:
