@@ -226,3 +226,19 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
                 acc.close()
             if "c" in locals():
                 c.close()
+
+
+def test_weights_that_drift_apart_are_found_and_resynced():
+    """Steps keep the weights bit-identical only if every peer computes them the same
+    way; the periodic digest check finds a peer that drifted and brings it back."""
+    def body(acc, model):
+        for i in range(3):
+            set_grad(model, [1.0, 1.0])
+            assert acc.reduce_gradients(8)
+            if i == 0 and acc.name == "t1":
+                with torch.no_grad():
+                    model.weight += 0.5  # as a different device's arithmetic might, only far more
+        return model.weight.detach().clone(), acc.diverged, acc.version
+
+    (w0, d0, v0), (w1, d1, v1) = run_peers([body, body], check_every=1)
+    assert torch.equal(w0, w1) and d0 == d1 == 1 and v0 == v1 == 3

@@ -20,6 +20,7 @@ before it contributes, and a peer whose last reduction was abandoned mid-way
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -52,7 +53,10 @@ class Accumulator:
     receives. ``virtual_batch_size`` (0: every reduction) is the summed batch size a
     step needs. ``min_size``: the first ring waits for that many members (a group
     that later shrinks goes on). ``op_timeout``: how long one reduction may wait for
-    the slowest member before it is abandoned. The mesh listens on ``host:port`` for
+    the slowest member before it is abandoned. ``check_every`` (0: never): every that
+    many steps the peers compare digests of their weights, and resync from the leader
+    if they differ (steps are bit-identical only if every peer computes them the same
+    way: the same torch build and device kind). The mesh listens on ``host:port`` for
     the other peers (loopback by default: give this host's address when the peers
     are on other hosts).
 
@@ -83,7 +87,10 @@ class Accumulator:
         token: bytes | str | None = None,
         op_timeout: float = 60.0,
         min_size: int = 1,
+        check_every: int = 100,
     ):
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
+            raise ValueError(f"check_every must be an int >= 0, got {check_every!r}")
         if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
             raise ValueError(f"min_size must be an int >= 1, got {min_size!r}")
         if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int) or virtual_batch_size < 0:
@@ -94,6 +101,10 @@ class Accumulator:
         self.virtual_batch_size = virtual_batch_size
         self.op_timeout = op_timeout
         self.min_size = min_size
+        self.check_every = check_every
+        self.diverged = 0
+        """checks that found the peers' weights different (each was repaired by a resync)"""
+        self._checked = 0  # the version whose weights were last compared (or synced)
         self._started = False  # a ring of at least min_size members has formed once
         if host in ("0.0.0.0", "::", ""):
             raise ValueError(
@@ -258,6 +269,29 @@ class Accumulator:
         data = ring.broadcast_bytes(self.state_bytes() if ring.rank == leader else None, leader)
         if ring.rank != leader:
             self.load_state_bytes(data)
+        self._checked = self.version
+
+    def _check(self, ring: Ring) -> None:
+        """Compare the peers' weights (one 8-byte digest each); resync if they differ.
+        Every peer checks at the same reduction: the first of each ``check_every``-th
+        version, which all of them reach together."""
+        digests = np.zeros(ring.size, dtype=np.int64)
+        digests[ring.rank] = self._digest()
+        ring.allreduce(digests)
+        self._checked = self.version
+        if len(set(digests.tolist())) > 1:
+            self.diverged += 1
+            log.warning(
+                "%s: the group's weights differ at version %d (digests by rank: %s); resyncing from the leader",
+                self.name, self.version, [f"{d & 0xFFFFFFFFFFFFFFFF:016x}" for d in digests.tolist()],
+            )
+            self._sync(ring)
+
+    def _digest(self) -> int:
+        h = hashlib.blake2b(digest_size=8)
+        for t in self.model.state_dict().values():
+            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+        return int.from_bytes(h.digest(), "little", signed=True)
 
     def state_bytes(self) -> bytes:
         """The model (parameters and buffers), optimiser and scheduler state and version."""
@@ -316,6 +350,8 @@ class Accumulator:
         if ring is None:
             raise RuntimeError("reduce_gradients() before the group is ready: call ready() first")
         try:
+            if self.check_every and self.version % self.check_every == 0 and self.version != self._checked:
+                self._check(ring)
             ring.allreduce(self._flat)
         except Abandoned as e:
             self.abandoned += 1
