@@ -44,7 +44,8 @@ from bench.cli import parser_for
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from shmpad import Closed, Timeout
-from shmpad.net.wire import load_token, parse_address
+from shmpad.net.wire import parse_address
+from shmpad.net.auth import load_token
 
 
 @dataclass

@@ -22,7 +22,7 @@ import pytest
 
 from helpers import FORK, Forked, wait_until
 from shmpad.errors import Abandoned, AuthError
-from shmpad.net import wire
+from shmpad.net import auth
 from shmpad.net.allreduce import CHUNK_BYTES, Ring
 from shmpad.net.mesh import Mesh
 
@@ -426,7 +426,7 @@ def _form(meshes: list[Mesh], key: str, **kwargs) -> list[Ring]:
 
 
 def _hello(mesh: Mesh, token: str = TOKEN, **hello) -> dict:
-    with wire.connect(mesh.address, token) as conn:
+    with auth.connect(mesh.address, token) as conn:
         conn.send_json(hello)
         conn.settimeout(10)
         return conn.recv_json()

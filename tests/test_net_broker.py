@@ -28,6 +28,7 @@ from helpers import wait_until
 from netns import netns  # noqa: F401  (a fixture)
 from shmpad.net import broker as broker_module
 from shmpad.net import group as group_module
+from shmpad.net import auth
 from shmpad.net import wire
 from shmpad.net.group import GroupClient
 from shmpad.net.group import Member
@@ -42,9 +43,9 @@ class BrokerProcess:
     """``python -m shmpad.net.broker --port 0 ...`` with its stderr in ``log_path``."""
 
     def __init__(self, log_path, args: list[str], token: str | None = TOKEN):
-        env = {k: v for k, v in os.environ.items() if k != wire.TOKEN_ENV}
+        env = {k: v for k, v in os.environ.items() if k != auth.TOKEN_ENV}
         if token is not None:
-            env[wire.TOKEN_ENV] = token
+            env[auth.TOKEN_ENV] = token
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -133,7 +134,7 @@ def wait_names(client: GroupClient, names: list[str], timeout: float = 5.0) -> M
 
 def raw_join(broker: BrokerProcess | broker_module.Broker, group: str, name: str, address: str = "raw:1") -> wire.Connection:
     """A member that joins by hand and then says nothing more."""
-    conn = wire.connect(broker.address, TOKEN)
+    conn = auth.connect(broker.address, TOKEN)
     conn.send_json({"op": "join", "group": group, "name": name, "address": address})
     welcome = conn.recv_json()
     assert welcome["op"] == "welcome", welcome
@@ -165,7 +166,7 @@ def peer_sees(proc: subprocess.Popen, members: set[str], timeout: float = 10.0) 
 
 
 def spawn_peer(broker: BrokerProcess, group: str, name: str, address: str) -> subprocess.Popen:
-    env = dict(os.environ, **{wire.TOKEN_ENV: TOKEN})
+    env = dict(os.environ, **{auth.TOKEN_ENV: TOKEN})
     proc = subprocess.Popen([sys.executable, "-c", PEER, broker.address, group, name, address],
                             stdout=subprocess.PIPE, bufsize=0, cwd=REPO, env=env, start_new_session=True)
     track_pid(proc.pid)
@@ -286,7 +287,7 @@ BAD_JOINS = [
 
 
 def _bad_join(broker: BrokerProcess, msg: dict, message: str) -> int:
-    with wire.connect(broker.address, TOKEN) as conn:
+    with auth.connect(broker.address, TOKEN) as conn:
         port = conn.sock.getsockname()[1]
         conn.send_json(msg)
         reply = conn.recv_json()
@@ -439,7 +440,7 @@ def test_a_full_group_refuses_joins(monkeypatch):
     with broker_module.Broker(port=0, token=TOKEN) as broker:
         members = [raw_join(broker, "g", name, "a:1") for name in ("first", "second")]
         try:
-            with wire.connect(broker.address, TOKEN) as conn:
+            with auth.connect(broker.address, TOKEN) as conn:
                 conn.send_json({"op": "join", "group": "g", "name": "third", "address": "a:1"})
                 assert conn.recv_json() == {"op": "error", "message": "group 'g' is full: its member list would exceed 100 bytes"}
             assert all(not m.closed for m in members)
@@ -476,7 +477,7 @@ def test_close_does_not_wait_for_a_mute_broker():
         joined.set()
         conn.recv()  # and never answer
 
-    with wire.Listener(mute, token=TOKEN) as listener:
+    with auth.Listener(mute, token=TOKEN) as listener:
         client = GroupClient(listener.address, "g", "a", "a:1", token=TOKEN).start()
         assert joined.wait(10)
         waited: list = []
@@ -533,7 +534,7 @@ def test_peers_in_separate_network_namespaces(start_broker, netns, tmp_path):  #
     one, two = netns(2)
     broker = start_broker("--host", one.gateway, *FAST)
     assert broker.address == f"{one.gateway}:{broker.port}"
-    env = dict(os.environ, **{wire.TOKEN_ENV: TOKEN})
+    env = dict(os.environ, **{auth.TOKEN_ENV: TOKEN})
     peers = [
         ns.popen([sys.executable, "-c", PEER, broker.address, "g", name, f"{ns.ip}:7000"],
                  stdout=subprocess.PIPE, bufsize=0, cwd=REPO, env=env)

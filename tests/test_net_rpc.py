@@ -31,6 +31,7 @@ import shmpad as lp
 from shmpad import Timeout
 from shmpad.courier import Endpoint, host_identity
 from shmpad.errors import AuthError
+from shmpad.net import auth
 from shmpad.net import wire
 from shmpad.net.rpc import TcpRpcClient, TcpRpcServer, reserve
 from shmpad.net.rpc_server import encode_message
@@ -373,8 +374,8 @@ def test_a_pickle_from_an_unauthenticated_or_injected_source_is_never_unpickled(
         sock.sendall(frame)
         _until_closed(sock)
     with socket.create_connection((host, port)) as sock:  # a hello with a wrong proof, then the frame
-        wire.SERVER_HELLO.unpack(sock.recv(wire.SERVER_HELLO.size, socket.MSG_WAITALL))
-        sock.sendall(wire.CLIENT_HELLO.pack(wire.HELLO_MAGIC, wire.VERSION, os.urandom(32), os.urandom(32)) + frame)
+        auth.SERVER_HELLO.unpack(sock.recv(auth.SERVER_HELLO.size, socket.MSG_WAITALL))
+        sock.sendall(auth.CLIENT_HELLO.pack(auth.HELLO_MAGIC, wire.VERSION, os.urandom(32), os.urandom(32)) + frame)
         _until_closed(sock)
     log_line(logs, "not a shmpad client")
     log_line(logs, "wrong token")
@@ -382,14 +383,14 @@ def test_a_pickle_from_an_unauthenticated_or_injected_source_is_never_unpickled(
     assert not target.exists()
     # the same bytes injected raw into an authenticated connection (as someone on the
     # path could) lack the frame's integrity tag: refused, never unpickled
-    with wire.connect(server.address, TOKEN) as conn:
+    with auth.connect(server.address, TOKEN) as conn:
         conn.sock.sendall(frame)
         with pytest.raises(ConnectionError):
             conn.recv()
     log_line(logs, "failed its integrity check")
     assert not target.exists()
     # sent by the authenticated peer itself, the payload is unpickled: the probe was live
-    with wire.connect(server.address, TOKEN) as conn:
+    with auth.connect(server.address, TOKEN) as conn:
         conn.send(wire.Kind.PICKLE, frame[wire.HEADER.size:], tag=1)
         assert conn.recv().tag == 1
     assert target.is_dir()
@@ -404,7 +405,7 @@ def test_malformed_frames_close_only_their_connection(server, client, logs):
         (wire.Kind.PICKLE, b"\x00", "shorter than its 4-byte header"),
     ]
     for kind, payload, reason in bad:
-        with wire.connect(server.address, TOKEN) as conn:
+        with auth.connect(server.address, TOKEN) as conn:
             conn.send(kind, payload)
             with pytest.raises(ConnectionError):
                 conn.recv()

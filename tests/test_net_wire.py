@@ -21,6 +21,7 @@ import pytest
 from helpers import wait_until
 from shmpad.errors import AuthError
 from shmpad.errors import FrameError
+from shmpad.net import auth
 from shmpad.net import wire
 from shmpad.net.broker import Broker
 
@@ -63,21 +64,21 @@ def _raw_frame(kind: int, payload: bytes, length: int | None = None) -> bytes:
 
 def send_wrong_token(address: str, token: bytes) -> None:
     with pytest.raises(AuthError, match="refused our token"):
-        wire.connect(address, token + b"-not")
+        auth.connect(address, token + b"-not")
 
 
 def send_random_hello(address: str, token: bytes) -> int:
     """Random bytes where the client's hello belongs; returns our port."""
     with socket.create_connection(wire.parse_address(address), timeout=5) as sock:
         port = sock.getsockname()[1]
-        sock.sendall(b"NOPE" + os.urandom(wire.CLIENT_HELLO.size - 4))
+        sock.sendall(b"NOPE" + os.urandom(auth.CLIENT_HELLO.size - 4))
         _drain_until_closed(sock)
     return port
 
 
 def send_frame_bytes(address: str, token: bytes, data: bytes, join_first: bool = False) -> int:
     """Authenticate (and join a broker's group if ``join_first``), then send ``data`` raw."""
-    conn = wire.connect(address, token)
+    conn = auth.connect(address, token)
     try:
         port = conn.sock.getsockname()[1]
         if join_first:
@@ -101,7 +102,7 @@ def send_huge_frame(address: str, token: bytes) -> int:
 
 def send_truncated_frame(address: str, token: bytes) -> int:
     """A header that says 1000 bytes, then 10 bytes, then the connection closes."""
-    conn = wire.connect(address, token)
+    conn = auth.connect(address, token)
     port = conn.sock.getsockname()[1]
     conn.sock.sendall(_raw_frame(wire.Kind.CONTROL, b"{" * 10, length=1000))
     conn.close()
@@ -150,7 +151,7 @@ def listener():
             else:
                 conn.send(frame.kind, frame.payload, tag=frame.tag, flags=frame.flags)
 
-    with wire.Listener(handle, token=TOKEN) as lst:
+    with auth.Listener(handle, token=TOKEN) as lst:
         lst.outcomes = outcomes
         yield lst
 
@@ -165,7 +166,7 @@ def broker():
 
 
 def test_handshake_and_round_trip(listener):
-    with wire.connect(listener.address, TOKEN) as conn:
+    with auth.connect(listener.address, TOKEN) as conn:
         conn.send_json({"hello": [1, "two"]}, tag=7)
         assert conn.recv_json() == {"echo": {"hello": [1, "two"]}}
     assert listener.outcomes.get(timeout=5).tag == 7
@@ -186,7 +187,7 @@ def _fake_server(greeting: bytes, proof: bytes | None):
         with conn:
             conn.sendall(greeting)
             if proof is not None:
-                conn.recv(wire.CLIENT_HELLO.size, socket.MSG_WAITALL)
+                conn.recv(auth.CLIENT_HELLO.size, socket.MSG_WAITALL)
                 conn.sendall(proof)
             conn.recv(1)
 
@@ -198,9 +199,9 @@ def _fake_server(greeting: bytes, proof: bytes | None):
 @pytest.mark.parametrize(
     "greeting, proof, message",
     [
-        (wire.SERVER_HELLO.pack(wire.HELLO_MAGIC, wire.VERSION, os.urandom(32)), os.urandom(32), "does not hold our token"),
+        (auth.SERVER_HELLO.pack(auth.HELLO_MAGIC, wire.VERSION, os.urandom(32)), os.urandom(32), "does not hold our token"),
         (b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n" + bytes(7), None, "is not a shmpad endpoint"),
-        (wire.SERVER_HELLO.pack(wire.HELLO_MAGIC, 99, os.urandom(32)), None, "speaks wire version 99"),
+        (auth.SERVER_HELLO.pack(auth.HELLO_MAGIC, 99, os.urandom(32)), None, "speaks wire version 99"),
     ],
     ids=["server-without-token", "not-shmpad", "other-version"],
 )
@@ -208,7 +209,7 @@ def test_client_refuses_a_server_that_fails_the_handshake(greeting, proof, messa
     sock, thread, address = _fake_server(greeting, proof)
     try:
         with pytest.raises(AuthError, match=message):
-            wire.connect(address, TOKEN)
+            auth.connect(address, TOKEN)
     finally:
         thread.join(5)
         sock.close()
@@ -226,7 +227,7 @@ def _was_refused(sock: socket.socket) -> bool:
     """True if the listener reset ``sock`` unread (an idle one being served got a hello instead)."""
     sock.settimeout(5)
     try:
-        return sock.recv(wire.SERVER_HELLO.size, socket.MSG_WAITALL) == b""
+        return sock.recv(auth.SERVER_HELLO.size, socket.MSG_WAITALL) == b""
     except ConnectionResetError:
         return True
 
@@ -234,15 +235,15 @@ def _was_refused(sock: socket.socket) -> bool:
 def test_idle_sockets_from_one_address_cannot_lock_others_out(listener, logs, monkeypatch):
     """With a per-address cap below the global one, one host's silent sockets take only
     their share of the handshake slots: a client from another address still connects."""
-    monkeypatch.setattr(wire, "MAX_HANDSHAKES", 4)
+    monkeypatch.setattr(auth, "MAX_HANDSHAKES", 4)
     idle = []
-    with wire.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=2) as lst:
+    with auth.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=2) as lst:
         try:
             idle = [_idle_socket(lst.address, "127.0.0.2") for _ in range(8)]
             refused = [_was_refused(sock) for sock in idle]
             assert refused == [False] * 2 + [True] * 6
             assert "2 handshakes from 127.0.0.2 already in progress" in log_line(logs, "refused 127.0.0.2:", idle[-1].getsockname()[1])
-            with wire.connect(lst.address, TOKEN) as conn:  # from 127.0.0.1
+            with auth.connect(lst.address, TOKEN) as conn:  # from 127.0.0.1
                 conn.send_json({"still": "here"})
                 assert conn.recv_json() == {"echo": {"still": "here"}}
             # the global cap still holds over all addresses
@@ -258,9 +259,9 @@ def test_idle_sockets_from_one_address_cannot_lock_others_out(listener, logs, mo
 
 
 def test_a_silent_client_frees_its_slot_after_the_server_deadline(listener, logs, monkeypatch):
-    assert wire.SERVER_HANDSHAKE_TIMEOUT_S <= 5.0 < wire.HANDSHAKE_TIMEOUT_S
-    monkeypatch.setattr(wire, "SERVER_HANDSHAKE_TIMEOUT_S", 0.3)
-    with wire.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=1) as lst:
+    assert auth.SERVER_HANDSHAKE_TIMEOUT_S <= 5.0 < auth.HANDSHAKE_TIMEOUT_S
+    monkeypatch.setattr(auth, "SERVER_HANDSHAKE_TIMEOUT_S", 0.3)
+    with auth.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=1) as lst:
         with _idle_socket(lst.address, "127.0.0.2") as sock:
             assert not _was_refused(sock)
             log_line(logs, "no complete handshake within 0.3 s", sock.getsockname()[1])
@@ -273,7 +274,7 @@ def test_a_silent_client_frees_its_slot_after_the_server_deadline(listener, logs
 @pytest.mark.parametrize("cap, error", [(0, ValueError), (True, TypeError), (1.5, TypeError)])
 def test_max_handshakes_per_ip_is_checked(cap, error):
     with pytest.raises(error, match="max_handshakes_per_ip must be"):
-        wire.Listener(lambda conn: None, token=TOKEN, max_handshakes_per_ip=cap)
+        auth.Listener(lambda conn: None, token=TOKEN, max_handshakes_per_ip=cap)
 
 
 # ---------------------------------------------------------------- bad input
@@ -298,7 +299,7 @@ def test_bad_frame_closes_the_connection_with_a_log_line(listener, logs, attack,
     assert message in log_line(logs, "closing connection from", port)
     outcome = listener.outcomes.get(timeout=5)
     assert isinstance(outcome, FrameError) and message in str(outcome)
-    with wire.connect(listener.address, TOKEN) as conn:  # the listener goes on
+    with auth.connect(listener.address, TOKEN) as conn:  # the listener goes on
         conn.send_json({"still": "here"})
         assert conn.recv_json() == {"echo": {"still": "here"}}
 
@@ -310,7 +311,7 @@ def test_truncated_frame(listener):
 
 
 def test_oversized_frame_is_refused_before_sending(listener):
-    with wire.connect(listener.address, TOKEN, max_frame=100) as conn:
+    with auth.connect(listener.address, TOKEN, max_frame=100) as conn:
         with pytest.raises(FrameError, match="frame of 101 bytes exceeds this connection's limit of 100 bytes"):
             conn.send(wire.Kind.BYTES, bytes(101))
 
@@ -345,7 +346,7 @@ def json_listener():
             outcomes.put(e)
             raise
 
-    with wire.Listener(handle, token=TOKEN) as lst:
+    with auth.Listener(handle, token=TOKEN) as lst:
         lst.outcomes = outcomes
         yield lst
 
@@ -402,7 +403,7 @@ def test_tensor_layouts_travel_as_values(array):
 
 
 def test_tensors_over_a_connection(listener):
-    with wire.connect(listener.address, TOKEN) as conn:
+    with auth.connect(listener.address, TOKEN) as conn:
         for i, (dtype, shape) in enumerate((d, s) for d in DTYPES for s in SHAPES):
             array = _sample(dtype, shape)
             conn.send_tensor(array, tag=i)
@@ -465,23 +466,23 @@ def test_parse_address_errors_name_the_value(address, error, message):
 
 
 def test_load_token(tmp_path, monkeypatch):
-    monkeypatch.delenv(wire.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
     with pytest.raises(AuthError, match=r"no token: set \$SHMPAD_TOKEN"):
-        wire.load_token()
-    monkeypatch.setenv(wire.TOKEN_ENV, " from-env\n")
-    assert wire.load_token() == b"from-env"
-    assert wire.load_token("given") == b"given"
+        auth.load_token()
+    monkeypatch.setenv(auth.TOKEN_ENV, " from-env\n")
+    assert auth.load_token() == b"from-env"
+    assert auth.load_token("given") == b"given"
     path = tmp_path / "token"
     path.write_text("from-file\n")
-    assert wire.load_token(token_file=path) == b"from-file"
+    assert auth.load_token(token_file=path) == b"from-file"
     path.write_text(" \n")
     with pytest.raises(AuthError, match=f"token file '{path}' is empty"):
-        wire.load_token(token_file=path)
+        auth.load_token(token_file=path)
     with pytest.raises(AuthError, match=f"cannot read token file '{tmp_path / 'nope'}': No such file"):
-        wire.load_token(token_file=tmp_path / "nope")
-    monkeypatch.setenv(wire.TOKEN_ENV, "")
+        auth.load_token(token_file=tmp_path / "nope")
+    monkeypatch.setenv(auth.TOKEN_ENV, "")
     with pytest.raises(AuthError, match=r"\$SHMPAD_TOKEN is empty"):
-        wire.load_token()
+        auth.load_token()
 
 
 def _sealed_pair(key_ab: bytes = b"k" * 32, key_ba: bytes = b"K" * 32):

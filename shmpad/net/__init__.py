@@ -5,9 +5,9 @@ from typing import Any
 
 # Wire format and authentication
 from shmpad.net.wire import Connection
-from shmpad.net.wire import Listener
-from shmpad.net.wire import connect
-from shmpad.net.wire import load_token
+from shmpad.net.auth import Listener
+from shmpad.net.auth import connect
+from shmpad.net.auth import load_token
 
 # Membership (Broker below: ``python -m shmpad.net.broker`` runs that module as the
 # main one, so the package must not have imported it already)

@@ -42,6 +42,7 @@ import time
 
 from shmpad.errors import AuthError
 from shmpad.errors import FrameError
+from shmpad.net import auth
 from shmpad.net import wire
 from shmpad.net.group import show as _show
 from shmpad.net.group import validate_join
@@ -135,8 +136,8 @@ class Broker:
         self._announcer = threading.Thread(target=self._announce_loop, name="broker-announce", daemon=True)
         self._announcer.start()
         try:
-            self._listener = wire.Listener(
-                self._serve, host, port, wire.load_token(token), max_frame=MAX_PEER_FRAME, name="broker"
+            self._listener = auth.Listener(
+                self._serve, host, port, auth.load_token(token), max_frame=MAX_PEER_FRAME, name="broker"
             )
         except BaseException:
             self._stop()
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
     try:
-        token = wire.load_token(token_file=args.token_file)
+        token = auth.load_token(token_file=args.token_file)
     except AuthError as e:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from shmpad.errors import AuthError
 from shmpad.errors import FrameError
+from shmpad.net import auth
 from shmpad.net import wire
 
 __all__ = ["GroupClient", "Member", "Membership", "validate_join"]
@@ -118,7 +119,7 @@ class GroupClient:
         self.group = group
         self.name = name
         self.address = address
-        self._token = wire.load_token(token)
+        self._token = auth.load_token(token)
         self._reconnect_max_s = reconnect_max_s
         self._cond = threading.Condition()
         self._membership: Membership | None = None
@@ -213,7 +214,7 @@ class GroupClient:
         while not self._stop.is_set() and not self._replaced:
             joined = False
             try:
-                conn = wire.connect(self.broker, self._token, timeout=CONNECT_TIMEOUT_S, max_frame=wire.MAX_CONTROL)
+                conn = auth.connect(self.broker, self._token, timeout=CONNECT_TIMEOUT_S, max_frame=wire.MAX_CONTROL)
             except AuthError as e:
                 self._error(f"cannot join {self.group!r} at broker {self.broker}: {e}")
             except OSError as e:

@@ -1,6 +1,6 @@
 """A peer's endpoint for direct connections to the other peers, and ring formation.
 
-Every peer of a group runs one ``Mesh``: an authenticated ``wire.Listener`` whose
+Every peer of a group runs one ``Mesh``: an authenticated ``auth.Listener`` whose
 address it announces (through the broker). ``mesh.ring(key, addresses, rank)`` joins
 the ring of one group epoch: it connects to the next member and waits for the
 previous one to connect. A connection names its ring in a first frame::
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from shmpad.errors import Abandoned
 from shmpad.errors import AuthError
 from shmpad.errors import FrameError
+from shmpad.net import auth
 from shmpad.net import wire
 from shmpad.net.allreduce import CHUNK_BYTES
 from shmpad.net.allreduce import Ring
@@ -82,7 +83,7 @@ class _Forming:
 
 class Mesh:
     """This peer's endpoint for peer-to-peer connections: an authenticated
-    ``wire.Listener`` (loopback unless ``host`` says otherwise) that routes incoming
+    ``auth.Listener`` (loopback unless ``host`` says otherwise) that routes incoming
     connections to the ring that expects them."""
 
     def __init__(
@@ -92,7 +93,7 @@ class Mesh:
         token: bytes | str | None = None,
         park_timeout: float = PARK_TIMEOUT_S,
     ):
-        self._token = wire.load_token(token)
+        self._token = auth.load_token(token)
         self._park_timeout = park_timeout
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified as the listener lets go of a connection
@@ -102,7 +103,7 @@ class Mesh:
         self._used: set[str] = set()
         self._rings: set[Ring] = set()
         self._incoming: set[_Incoming] = set()
-        self._listener = wire.Listener(self._serve, host, port, self._token, name="shmpad-mesh")
+        self._listener = auth.Listener(self._serve, host, port, self._token, name="shmpad-mesh")
 
     @property
     def address(self) -> str:
@@ -242,7 +243,7 @@ class Mesh:
                 raise Abandoned(f"ring {key!r} was abandoned while it formed: {forming.cancelled}")
             left = deadline - time.monotonic()
             try:
-                conn = wire.connect(address, self._token, timeout=max(0.1, min(left, wire.HANDSHAKE_TIMEOUT_S)))
+                conn = auth.connect(address, self._token, timeout=max(0.1, min(left, auth.HANDSHAKE_TIMEOUT_S)))
                 break
             except AuthError:
                 raise

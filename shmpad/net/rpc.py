@@ -31,12 +31,11 @@ from shmpad.net.rpc_server import (
     set_keepalive,
     split_message,
 )
+from shmpad.net.auth import connect, load_token
 from shmpad.net.wire import (
     MAX_FRAME,
     Connection,
     Kind,
-    connect,
-    load_token,
     parse_address,
 )
 from shmpad.rpc import (

@@ -46,7 +46,8 @@ from collections.abc import Callable
 from typing import Any
 
 from shmpad.errors import FrameError
-from shmpad.net.wire import MAX_FRAME, Connection, Kind, Listener, parse_address
+from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
+from shmpad.net.auth import Listener
 from shmpad.rpc import (
     POLL_S,
     RemoteError,
