@@ -37,7 +37,9 @@ class Broker:
         track_pid(self.proc.pid)
         line = self.proc.stdout.readline()
         match = re.search(r"listening on (\S+)", line)
-        assert match, f"broker did not start: {line!r}"
+        if not match:
+            kill_and_reap(self.proc)  # the test has no handle on it yet: it must not outlive this
+            raise AssertionError(f"broker did not start: {line!r}")
         self.address = match.group(1)
         self.port = int(self.address.rsplit(":", 1)[1])
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep its pipe drained
