@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from actors.pool import EnvPool, HalfBatch
+from actors.pool.pool import EnvPool, HalfBatch
 from actors.rollout import CORE_STATE_PREFIX, RolloutWriter
 from shmpad.ringbuf import WeightStore
 

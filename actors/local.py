@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from actors.env import EnvConfig, seed_sequence
+from actors.envs.env import EnvConfig, seed_sequence
 from actors.errors import EnvWorkerError
 from actors.inference import sample_actions
 from actors.rollout import RolloutWriter

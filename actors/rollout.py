@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.env import EnvSpec
+from actors.envs.env import EnvSpec
 from shmpad.ringbuf import TypedRing
 
 __all__ = ["CORE_STATE_PREFIX", "RolloutWriter", "core_state_fields", "trajectory_spec"]

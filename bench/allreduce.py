@@ -1,4 +1,4 @@
-"""Allreduce over loopback TCP: shmpad's Ring.allreduce side by side with torch.distributed (gloo).
+"""Allreduce over loopback TCP: shmpad's PeerRing.allreduce side by side with torch.distributed (gloo).
 
     python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB, ~30 s on 2 cores
     python -m bench.allreduce --quick                  # 2 peers, 1 and 16 MB, 3 repetitions

@@ -15,7 +15,7 @@ per-round ratios. Only ratios within one run count.
    program. Each runs ``LEARNER_SECONDS`` s in its own forked process with
    ``--learner-threads`` torch threads. Target: ring >= 0.90 x bare.
 2. Whole pipeline. bench.impala's own ``build_program`` launched (``test_mp``) for
-   ``--total-frames`` frames with a temporary ``--out``, next to bench.actors' ``ceiling``
+   ``--total-frames`` frames with a temporary ``--out``, next to bench.envpool's ``ceiling``
    subject (raw stepping with the same preprocessing, one process per env worker, the
    same number of environments) counted for as long as the pipeline's window. The
    program is built with ``actor_stats``: every actor sends its statistics and its
@@ -28,7 +28,7 @@ per-round ratios. Only ratios within one run count.
 Left at bench.impala's default, ``--total-frames`` becomes ``QUICK_FRAMES`` here: Pong
 with the Nature CNN is the job the benchmark exists for, and 40K frames is enough for
 a steady second half at this machine's few thousand frames/s. The ceiling is
-bench.actors' Atari subject: for other environments it is reported as n/a.
+bench.envpool's Atari subject: for other environments it is reported as n/a.
 """
 
 from __future__ import annotations
@@ -241,8 +241,8 @@ def _summarise(messages: list[dict], rows: list[dict]) -> dict:
 
 
 def _ceiling(args: Any, seconds: float) -> float | None:
-    """bench.actors' ceiling for the program's env workers and environments, or None off Atari."""
-    from bench import actors as bench_actors
+    """bench.envpool's ceiling for the program's env workers and environments, or None off Atari."""
+    from bench import envpool as bench_actors
 
     if not impala.env_config(args).is_atari:
         return None
@@ -271,7 +271,7 @@ def _targets(learner: dict, pipeline: dict) -> dict:
 def _print(args: Any, report: dict) -> None:
     lr, p, t = report["learner"], report["pipeline"], report["targets"]
     frames_per_update = args.batch_size * args.unroll_length * (4 if impala.env_config(args).is_atari else 1)
-    ceiling = "n/a (bench.actors' ceiling is Atari only)" if p["ceiling_frames_per_s"] is None else f"{p['ceiling_frames_per_s']:>10,} frames/s"
+    ceiling = "n/a (bench.envpool's ceiling is Atari only)" if p["ceiling_frames_per_s"] is None else f"{p['ceiling_frames_per_s']:>10,} frames/s"
     ratio = "n/a" if p["ratio_to_ceiling"] is None else f"{p['ratio_to_ceiling']:.2f}"
     print(f"\n1. Learner framework cost (medians of {ROUNDS} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)")
     print(f"   bare torch loop on a ready batch      {lr['bare_updates_per_s']:8.2f} updates/s  ({1e3 / lr['bare_updates_per_s']:.1f} ms/update)")

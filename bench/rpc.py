@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 
 # ---------------------------------------------------------------------------------------
-# The shmpad subject. shmpad.rpc is imported lazily so that the peers run without it.
+# The shmpad subject. shmpad.rpc.shm is imported lazily so that the peers run without it.
 
 
 class _ShmpadCaller(FutureWindow):
@@ -135,7 +135,7 @@ class Shmpad(Subject):
 
     def __init__(self, plan: Plan):
         super().__init__(plan)
-        from shmpad.rpc import RpcServer
+        from shmpad.rpc.shm import RpcServer
 
         self._server = RpcServer(Echo(), threads=SERVER_THREADS)
         self.address = self._server.address
@@ -145,7 +145,7 @@ class Shmpad(Subject):
         self._server.serve()
 
     def connect(self) -> Caller:
-        from shmpad.rpc import RpcClient
+        from shmpad.rpc.shm import RpcClient
 
         return _ShmpadCaller(RpcClient(self.address, call_timeout=None))
 
@@ -164,7 +164,7 @@ SUBJECTS: list[type[Subject]] = SHMPAD + PEERS + FLOOR
 
 
 def missing(subject: type[Subject]) -> str | None:
-    """Why ``subject`` cannot run here (its package is not installed, or shmpad.rpc does
+    """Why ``subject`` cannot run here (its package is not installed, or shmpad.rpc.shm does
     not import), or None. Peers are looked up, not imported: importing portal sets the
     spawn start method."""
     if subject.name == "portal" and importlib.util.find_spec("portal") is None:
@@ -173,9 +173,9 @@ def missing(subject: type[Subject]) -> str | None:
         return "pyzmq is not installed"
     if subject.family == "shmpad":
         try:
-            import shmpad.rpc  # noqa: F401
+            import shmpad.rpc.shm  # noqa: F401
         except Exception as e:  # missing, or broken mid-edit
-            return f"shmpad.rpc does not import: {e!r}"
+            return f"shmpad.rpc.shm does not import: {e!r}"
     return None
 
 

@@ -2,28 +2,28 @@
 
 # Programs, nodes and launching (Launchpad's API)
 from shmpad.program import Program
-from shmpad.node import Handle
-from shmpad.node import Node
-from shmpad.python_node import PyClassNode
-from shmpad.python_node import PyNode
-from shmpad.courier import CourierClient
-from shmpad.courier import CourierHandle
-from shmpad.courier import CourierNode
-from shmpad.net.rpc import TcpRpcClient  # also lets courier nodes listen on TCP
-from shmpad.net.rpc import TcpRpcServer
-from shmpad.data_nodes import RingNode
-from shmpad.data_nodes import WeightStoreNode
+from shmpad.nodes.base import Handle
+from shmpad.nodes.base import Node
+from shmpad.nodes.python import PyClassNode
+from shmpad.nodes.python import PyNode
+from shmpad.nodes.courier import CourierClient
+from shmpad.nodes.courier import CourierHandle
+from shmpad.nodes.courier import CourierNode
+from shmpad.rpc import TcpRpcClient
+from shmpad.rpc import TcpRpcServer
+from shmpad.nodes.data import RingNode
+from shmpad.nodes.data import WeightStoreNode
 from shmpad.colocation import MultiProcessingColocation
 from shmpad.colocation import MultiThreadingColocation
-from shmpad.launch import LaunchType
-from shmpad.launch import PythonProcess
-from shmpad.launch import launch
-from shmpad.manager import WorkerManager
-from shmpad.stopping import register_stop_handler
-from shmpad.stopping import stop
-from shmpad.stopping import stop_event
-from shmpad.stopping import unregister_stop_handler
-from shmpad.stopping import wait_for_stop
+from shmpad.launch.launcher import LaunchType
+from shmpad.launch.launcher import PythonProcess
+from shmpad.launch.launcher import launch
+from shmpad.launch.supervisor import WorkerManager
+from shmpad.launch.stopping import register_stop_handler
+from shmpad.launch.stopping import stop
+from shmpad.launch.stopping import stop_event
+from shmpad.launch.stopping import unregister_stop_handler
+from shmpad.launch.stopping import wait_for_stop
 
 # Errors
 from shmpad.errors import Abandoned

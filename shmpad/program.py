@@ -7,7 +7,7 @@ import contextlib
 import itertools
 from typing import Iterator
 
-from shmpad.node import Handle, Node
+from shmpad.nodes.base import Handle, Node
 
 __all__ = ["Program"]
 

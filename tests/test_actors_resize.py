@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.resize import AreaResize, axis_weights
+from actors.envs.resize import AreaResize, axis_weights
 
 
 def reference_area_resize(src: np.ndarray, out_h: int, out_w: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from actors.env import EnvSpec
+from actors.envs.env import EnvSpec
 from actors.rollout import trajectory_spec
 from learners import make_model
 from learners.learner import Learner, LearnerConfig

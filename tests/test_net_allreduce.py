@@ -23,7 +23,7 @@ import pytest
 from helpers import FORK, Forked, wait_until
 from shmpad.errors import Abandoned, AuthError
 from shmpad.net import auth
-from shmpad.net.allreduce import CHUNK_BYTES, Ring
+from shmpad.net.allreduce import CHUNK_BYTES, PeerRing
 from shmpad.net.mesh import Mesh
 
 TOKEN = "allreduce-test-token"
@@ -125,7 +125,7 @@ CASES = [
 ]
 
 
-def _reduce_cases(ring: Ring, op: str) -> list[bytes]:
+def _reduce_cases(ring: PeerRing, op: str) -> list[bytes]:
     out = []
     for count, dtype, kind in CASES:
         if op == "mean" and dtype.startswith("int"):
@@ -161,7 +161,7 @@ def test_allreduce_equals_the_numpy_sum_on_every_member(size, op):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{op} of {count} x {dtype}")
 
 
-def _large(ring: Ring, count: int, repeats: int) -> list[str]:
+def _large(ring: PeerRing, count: int, repeats: int) -> list[str]:
     digests = []
     for i in range(repeats):
         array = inputs(ring.rank + i, count, "float32", "int")
@@ -179,7 +179,7 @@ def test_large_allreduce_in_default_chunks_repeatedly():
         assert all(r[i] == results[0][i] for r in results)
 
 
-def _broadcasts(ring: Ring) -> list:
+def _broadcasts(ring: PeerRing) -> list:
     out = []
     for root in range(ring.size):
         array = np.arange(10_007, dtype=np.float64) * (root + 1) if ring.rank == root else np.zeros(10_007)
@@ -203,7 +203,7 @@ def test_broadcast_copies_the_roots_data_to_every_member(size):
         assert results[rank][size:] == [b"", b"x", bytes(range(256)) * 400]
 
 
-def _epochs(ring: Ring, epochs: int) -> list[float]:
+def _epochs(ring: PeerRing, epochs: int) -> list[float]:
     """A new ring per epoch, formed as soon as the last one is done (neighbours race ahead)."""
     mesh, addresses = _here["mesh"], _here["addresses"]
     ring.close()
@@ -263,7 +263,7 @@ def test_a_ring_of_one_needs_no_sockets_and_checks_its_arguments():
 # Faults: every live member raises Abandoned promptly
 
 
-def _mismatched(ring: Ring) -> str:
+def _mismatched(ring: PeerRing) -> str:
     try:
         ring.allreduce(np.zeros(10 + ring.rank, np.float32))
     except Abandoned as e:
@@ -278,7 +278,7 @@ def test_members_starting_different_operations_are_abandoned_not_mixed():
     assert any("allreduce(<f4 x 10, op='sum')" in m and "allreduce(<f4 x 11, op='sum')" in m for m in messages), messages
 
 
-def _until_abandoned(ring: Ring, count: int, victim: int) -> dict:
+def _until_abandoned(ring: PeerRing, count: int, victim: int) -> dict:
     """Allreduce repeatedly; the victim SIGKILLs itself in the middle of its second one."""
     if ring.rank == victim:
         frames = [0]
@@ -318,7 +318,7 @@ def test_a_member_killed_mid_allreduce_abandons_the_others_promptly(size, victim
             assert f"rank {rank} of {size}" in report["error"]
 
 
-def _silent_or_waiting(ring: Ring, go) -> dict:
+def _silent_or_waiting(ring: PeerRing, go) -> dict:
     array = np.ones(1000, np.float32)
     if ring.rank == 1:
         go.recv()  # stays silent until rank 0 has given up
@@ -345,7 +345,7 @@ def test_a_silent_neighbour_times_out_and_the_failure_travels():
     assert second["error"] is not None and second["waited"] < 3.0, second
 
 
-def _closed_from_another_thread(ring: Ring) -> dict:
+def _closed_from_another_thread(ring: PeerRing) -> dict:
     array = np.ones(1 << 20, np.float32)
     if ring.rank == 0:
         closer = threading.Thread(target=lambda: (wait_until(ring._busy.locked, 10), ring.close()))
@@ -367,7 +367,7 @@ def _closed_from_another_thread(ring: Ring) -> dict:
     return {"error": None}
 
 
-def _peer_closed(ring: Ring) -> bool:
+def _peer_closed(ring: PeerRing) -> bool:
     """True once the other member closed its end: a peek at the connection to it, on
     which it never sends, sees EOF."""
     sock = ring._send_conn.sock
@@ -404,7 +404,7 @@ def meshes():
     assert wait_until(lambda: threading.active_count() <= before, 5), f"threads left: {threading.enumerate()}"
 
 
-def _form(meshes: list[Mesh], key: str, **kwargs) -> list[Ring]:
+def _form(meshes: list[Mesh], key: str, **kwargs) -> list[PeerRing]:
     addresses = [m.address for m in meshes]
     rings: list = [None] * len(meshes)
     errors: list = []

@@ -1,4 +1,4 @@
-"""Cross-host RPC (``shmpad.net.rpc``) and the courier's choice of transport: calls,
+"""Cross-host RPC (``shmpad.rpc.tcp_client``) and the courier's choice of transport: calls,
 futures, remote errors, deadlines, a server not up yet or killed, large arrays, tokens
 and frames that must be refused (nothing unpickled before authentication), launched
 programs over TCP and over shared memory, a handle used by another program and from
@@ -29,13 +29,13 @@ from test_rpc import Service as SameHostService
 
 import shmpad as lp
 from shmpad import Timeout
-from shmpad.courier import Endpoint, host_identity
+from shmpad.nodes.courier import Endpoint, host_identity
 from shmpad.errors import AuthError
 from shmpad.net import auth
 from shmpad.net import wire
-from shmpad.net.rpc import TcpRpcClient, TcpRpcServer, reserve
-from shmpad.net.rpc_server import encode_message
-from shmpad.rpc import RemoteError, RemoteTraceback, create_request_ring
+from shmpad.rpc.tcp_client import TcpRpcClient, TcpRpcServer, reserve
+from shmpad.rpc.tcp_server import encode_message
+from shmpad.rpc.shm import RemoteError, RemoteTraceback, create_request_ring
 
 TOKEN = "net-rpc-test-token"
 
@@ -525,7 +525,7 @@ def test_a_handle_from_an_address(monkeypatch):
 CLIENT = """
 import base64, json, pickle, sys
 import shmpad as lp
-import shmpad.net.rpc
+import shmpad.rpc.tcp_client
 handle = pickle.loads(base64.b64decode(sys.stdin.readline()))
 out = {}
 with handle.dereference() as c:

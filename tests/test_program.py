@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import shmpad as lp
-from shmpad.node import collect_handles, map_handles
+from shmpad.nodes.base import collect_handles, map_handles
 
 
 def noop():

@@ -13,7 +13,7 @@ import pytest
 
 from shmpad import Closed, Timeout
 from shmpad.ringbuf import MPMCRing
-from shmpad.rpc import RemoteError, RemoteTraceback, RpcClient, RpcServer, create_request_ring
+from shmpad.rpc.shm import RemoteError, RemoteTraceback, RpcClient, RpcServer, create_request_ring
 
 from helpers import FORK, kill_pid, track_pid, wait_until
 
@@ -465,7 +465,7 @@ def test_closing_a_client_fails_its_pending_futures_with_closed(server):
 
 
 def test_an_address_nobody_creates_does_not_hang_a_call(monkeypatch):
-    import shmpad.rpc as rpc
+    import shmpad.rpc.shm as rpc
 
     monkeypatch.setattr(rpc, "CONNECT_TIMEOUT_S", 0.3)
     c = RpcClient("/shmpad.0.nobody-creates-this")

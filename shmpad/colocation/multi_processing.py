@@ -9,11 +9,11 @@ import signal
 import threading
 from typing import Sequence
 
-from shmpad import context
+from shmpad.launch import context
 from shmpad.errors import Closed
-from shmpad.node import Handle, Node
-from shmpad.process import fork
-from shmpad.python_node import PyNode
+from shmpad.nodes.base import Handle, Node
+from shmpad.launch.process import fork
+from shmpad.nodes.python import PyNode
 from shmpad.colocation.multi_threading import check_nodes
 
 __all__ = ["MultiProcessingColocation"]

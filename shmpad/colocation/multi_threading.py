@@ -6,9 +6,9 @@ import threading
 import traceback
 from typing import Sequence
 
-from shmpad import context
-from shmpad.node import Handle, Node
-from shmpad.python_node import PyNode
+from shmpad.launch import context
+from shmpad.nodes.base import Handle, Node
+from shmpad.nodes.python import PyNode
 
 __all__ = ["MultiThreadingColocation"]
 

@@ -1,5 +1,5 @@
 """Several hosts: the authenticated TCP wire format, the membership broker, peer-to-peer
-rings (allreduce, broadcast), the gradient accumulator and cross-host courier RPC."""
+rings (PeerRing: allreduce, broadcast), the gradient accumulator and cross-host courier RPC."""
 
 from typing import Any
 
@@ -16,12 +16,9 @@ from shmpad.net.group import Member
 from shmpad.net.group import Membership
 
 # Collectives between peers
-from shmpad.net.allreduce import Ring
+from shmpad.net.allreduce import PeerRing
 from shmpad.net.mesh import Mesh
 
-# Cross-host RPC (importing it lets courier nodes listen on TCP)
-from shmpad.net.rpc import TcpRpcClient
-from shmpad.net.rpc import TcpRpcServer
 
 __all__ = [
     "Accumulator",
@@ -32,9 +29,7 @@ __all__ = [
     "Member",
     "Membership",
     "Mesh",
-    "Ring",
-    "TcpRpcClient",
-    "TcpRpcServer",
+    "PeerRing",
     "connect",
     "load_token",
 ]

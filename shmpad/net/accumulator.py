@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from shmpad.errors import Abandoned
-from shmpad.net.allreduce import Ring
+from shmpad.net.allreduce import PeerRing
 from shmpad.net.mesh import Mesh
 from shmpad.net.group import GroupClient, Membership
 
@@ -126,7 +126,7 @@ class Accumulator:
         """reductions abandoned because the group changed or a peer went away"""
         self._lock = threading.Lock()
         self._latest: Membership | None = None
-        self._ring: Ring | None = None
+        self._ring: PeerRing | None = None
         self._failed: tuple[Any, float] | None = None  # (membership key, when) of the last ring that failed
         self._broker, self._group_name, self._token = broker, group, token
         self._closed = False

@@ -1,6 +1,6 @@
 """Collective operations over a ring of TCP connections: allreduce, broadcast.
 
-A ``Ring`` (made by ``Mesh.ring``, see ``shmpad/net/mesh.py``) holds two
+A ``PeerRing`` (made by ``Mesh.ring``, see ``shmpad/net/mesh.py``) holds two
 connections: one to the next member, on which it only sends, and one from the
 previous member, on which it only receives. The caller's thread receives and sums;
 a sender thread per ring takes frames from a queue and writes them, so that sending
@@ -45,7 +45,7 @@ from shmpad.errors import Abandoned
 from shmpad.net.wire import Connection
 from shmpad.net.wire import Kind
 
-__all__ = ["CHUNK_BYTES", "REDUCE_DTYPES", "Ring"]
+__all__ = ["CHUNK_BYTES", "REDUCE_DTYPES", "PeerRing"]
 
 CHUNK_BYTES = 1 << 20  # gloo's segment size too; 512 KiB measured no faster, 256 KiB slower
 REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
@@ -58,7 +58,7 @@ _LENGTH = np.dtype("<u8")
 _TIMEVAL = struct.Struct("@ll")
 
 
-class Ring:
+class PeerRing:
     """This member's place in a ring: ``rank`` of ``size``, named by ``key``.
 
     Operations run one at a time, in the same order on every member, and block until
@@ -107,7 +107,7 @@ class Ring:
 
     def __repr__(self) -> str:
         state = f", abandoned: {self._reason}" if self._reason else ""
-        return f"Ring({self.key!r}, rank={self.rank}, size={self.size}{state})"
+        return f"PeerRing({self.key!r}, rank={self.rank}, size={self.size}{state})"
 
     @property
     def closed(self) -> bool:
@@ -162,7 +162,7 @@ class Ring:
         if self._sender is not None and self._sender is not threading.current_thread():
             self._sender.join(timeout=10)
 
-    def __enter__(self) -> Ring:
+    def __enter__(self) -> PeerRing:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -27,7 +27,7 @@ from shmpad.errors import FrameError
 from shmpad.net import auth
 from shmpad.net import wire
 from shmpad.net.allreduce import CHUNK_BYTES
-from shmpad.net.allreduce import Ring
+from shmpad.net.allreduce import PeerRing
 from shmpad.net.wire import Connection
 
 __all__ = ["Mesh"]
@@ -101,7 +101,7 @@ class Mesh:
         self._forming: dict[str, _Forming] = {}
         self._parked: list[_Incoming] = []
         self._used: set[str] = set()
-        self._rings: set[Ring] = set()
+        self._rings: set[PeerRing] = set()
         self._incoming: set[_Incoming] = set()
         self._listener = auth.Listener(self._serve, host, port, self._token, name="shmpad-mesh")
 
@@ -125,7 +125,7 @@ class Mesh:
         rank: int,
         timeout: float = 30.0,
         chunk_bytes: int = CHUNK_BYTES,
-    ) -> Ring:
+    ) -> PeerRing:
         """Join the ring ``key`` (one per group epoch; a key is used once per mesh):
         ``addresses`` is every member's mesh address in rank order, ``rank`` ours.
         Connects to the next member and waits for the previous one. Raises ``Abandoned``
@@ -150,7 +150,7 @@ class Mesh:
                 raise ValueError(f"ring key {key!r} was used before in this mesh; every ring needs a new key (e.g. its epoch)")
             self._used.add(key)
             if size == 1:
-                return Ring(key, 0, 1, None, None, timeout, chunk_bytes)
+                return PeerRing(key, 0, 1, None, None, timeout, chunk_bytes)
             self._forming[key] = forming
             for inc in [p for p in self._parked if p.key == key]:
                 self._parked.remove(inc)
@@ -186,7 +186,7 @@ class Mesh:
             raise
         with self._lock:
             del self._forming[key]
-            ring = Ring(key, rank, size, out, inc.conn, timeout, chunk_bytes, on_close=lambda: self._ring_closed(ring, inc))
+            ring = PeerRing(key, rank, size, out, inc.conn, timeout, chunk_bytes, on_close=lambda: self._ring_closed(ring, inc))
             self._rings.add(ring)
             closed = self._closed
         if closed:
@@ -270,7 +270,7 @@ class Mesh:
         if reply.get("ok") is not True or reply.get("rank") != nxt:
             raise Abandoned(f"ring {key!r}: {addresses[nxt]} answered {reply!r}, expected rank {nxt}'s welcome")
 
-    def _ring_closed(self, ring: Ring, inc: _Incoming) -> None:
+    def _ring_closed(self, ring: PeerRing, inc: _Incoming) -> None:
         inc.released.set()
         with self._lock:
             self._rings.discard(ring)

@@ -1,4 +1,4 @@
-"""The loop an environment worker process runs (see ``actors.slots`` for the protocol).
+"""The loop an environment worker process runs (see ``actors.pool.slots`` for the protocol).
 
 The worker serves its part of each half in turn: it waits until the pool has sent
 the half's actions (``ACT[w, h]`` reaches the worker's own count), steps those
@@ -21,9 +21,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from actors.env import EnvConfig, seed_sequence
-from actors.slots import PoolSlots
-from actors.sync import count_short, load, publish_part, spins_for, store_stats, wait_all
+from actors.envs.env import EnvConfig, seed_sequence
+from actors.pool.slots import PoolSlots
+from actors.pool.sync import count_short, load, publish_part, spins_for, store_stats, wait_all
 
 __all__ = ["WorkerArgs", "run_worker"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.env import EnvConfig, EnvSpec
+from actors.envs.env import EnvConfig, EnvSpec
 
 __all__ = ["GymEnv"]
 

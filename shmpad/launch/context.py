@@ -131,6 +131,6 @@ def current(what: str) -> NodeContext:
     if ctx is None:
         raise RuntimeError(
             f"shmpad.{what}() needs a launched program: call it from a node of a program started with "
-            "shmpad.launch(), or from the process that launched it"
+            "shmpad.launch.launcher(), or from the process that launched it"
         )
     return ctx

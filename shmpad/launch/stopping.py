@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from shmpad.context import current
+from shmpad.launch.context import current
 
 __all__ = ["stop", "wait_for_stop", "stop_event", "register_stop_handler", "unregister_stop_handler"]
 

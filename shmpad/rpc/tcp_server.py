@@ -1,6 +1,6 @@
-"""The TCP RPC server, and the format its messages travel in (``shmpad.net.rpc`` has the client).
+"""The TCP RPC server, and the format its messages travel in (``shmpad.rpc.tcp_client`` has the client).
 
-The same calls as ``shmpad.rpc`` (which this transport shares its encoding, error
+The same calls as ``shmpad.rpc.shm`` (which this transport shares its encoding, error
 handling and client surface with), over ``shmpad.net.wire`` connections: every
 connection passes the shared-token handshake before a byte of it is decoded, and
 only then are its ``PICKLE`` frames unpickled. One frame per message::
@@ -48,7 +48,7 @@ from typing import Any
 from shmpad.errors import FrameError
 from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
 from shmpad.net.auth import Listener
-from shmpad.rpc import (
+from shmpad.rpc.shm import (
     POLL_S,
     RemoteError,
     dumps,

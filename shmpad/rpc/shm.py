@@ -20,7 +20,7 @@ unlinks; the slot carries a ``_Spill`` naming it.
 
 How a call and its outcome are pickled, reported and raised again (``dumps``,
 ``failure``, ``unpack_reply``) and the clients' surface (``MethodCalls``,
-``FutureMethods``) are shared with the TCP transport, ``shmpad.net.rpc``.
+``FutureMethods``) are shared with the TCP transport, ``shmpad.rpc.tcp_client``.
 
 The server runs handlers concurrently on up to ``threads`` threads, leader /
 followers style: one thread at a time waits on the request ring; when it takes a

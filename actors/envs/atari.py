@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from actors.env import EnvConfig, EnvSpec
-from actors.resize import AreaResize
+from actors.envs.env import EnvConfig, EnvSpec
+from actors.envs.resize import AreaResize
 
 __all__ = ["AtariEnv"]
 

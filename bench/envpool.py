@@ -1,9 +1,9 @@
 """Atari environment throughput: the shmpad pool side by side with its peers and the ceiling.
 
-    python -m bench.actors                   # 3 rounds of 6 s per subject, ~3 minutes on 2 cores
-    python -m bench.actors --quick           # 1 round of 2 s: a smoke run
-    python -m bench.actors --json            # one JSON object per subject and line
-    python -m bench.actors --subjects ceiling,shmpad-random --rounds 5
+    python -m bench.envpool                   # 3 rounds of 6 s per subject, ~3 minutes on 2 cores
+    python -m bench.envpool --quick           # 1 round of 2 s: a smoke run
+    python -m bench.envpool --json            # one JSON object per subject and line
+    python -m bench.envpool --subjects ceiling,shmpad-random --rounds 5
 
 Every subject steps ``--env`` (default ALE/Pong-v5) with the IMPALA/moolib preprocessing
 (ALE v5 without sticky actions, frame skip 4 with max over the last two frames, up to
@@ -79,7 +79,7 @@ class Args:
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    parser = argparse.ArgumentParser(prog="python -m bench.actors", description=Args.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.envpool", description=Args.__doc__)
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
@@ -238,7 +238,7 @@ def run_ale_vector(args: Args) -> tuple[float, dict]:
 
     import gymnasium as gym
 
-    from actors.env import EnvConfig
+    from actors.envs.env import EnvConfig
 
     game = gym.spec(args.env).kwargs["game"]
     EnvConfig(args.env)
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
     notes: dict[str, str] = {}
     per_round: list[dict[str, float]] = []
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
-    say(f"# bench.actors {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} env={args.env} "
+    say(f"# bench.envpool {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} env={args.env} "
         f"cores={args.cores} num_envs={args.num_envs} rounds={args.rounds} seconds={args.seconds}")
     for r in range(args.rounds):
         order = subjects[r % len(subjects):] + subjects[: r % len(subjects)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from shmpad.node import Handle, Node
+from shmpad.nodes.base import Handle, Node
 from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing, WeightStore
 
 __all__ = ["RingNode", "WeightStoreNode"]
@@ -46,7 +46,7 @@ class _SegmentNode(Node):
         if self._owner is None:
             raise RuntimeError(
                 f"{self!r} has no shared memory yet: its handle can be dereferenced only once the program "
-                "that holds the node is launched (shmpad.launch)"
+                "that holds the node is launched (shmpad.launch.launcher)"
             )
         return self._owner.name
 

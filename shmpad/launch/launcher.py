@@ -16,8 +16,8 @@ import enum
 import sys
 from typing import Any, Mapping, Sequence
 
-from shmpad.manager import PythonProcess, WorkerManager
-from shmpad.node import Node
+from shmpad.launch.supervisor import PythonProcess, WorkerManager
+from shmpad.nodes.base import Node
 from shmpad.program import Program
 from shmpad.ringbuf import janitor
 

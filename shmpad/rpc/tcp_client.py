@@ -1,10 +1,9 @@
 """Cross-host RPC: the TCP client, and courier nodes reached over TCP.
 
-``TcpRpcClient`` calls a ``TcpRpcServer`` (``shmpad.net.rpc_server``, which documents
-the messages) with the surface of the shared-memory ``RpcClient``. Importing this
-module lends both, and ``reserve``, to ``shmpad.courier`` (a layer above, which may not
-import this one): a ``CourierNode`` with ``courier_kwargs={"listen": ...}`` serves over
-TCP too, and its handles dereference to a ``TcpRpcClient`` on other hosts.
+``TcpRpcClient`` calls a ``TcpRpcServer`` (``shmpad.rpc.tcp_server``, which documents
+the messages) with the surface of the shared-memory ``RpcClient``. A ``CourierNode``
+with ``courier_kwargs={"listen": ...}`` serves over TCP too, and its handles
+dereference to a ``TcpRpcClient`` on other hosts.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from shmpad import courier
 from shmpad.errors import AuthError, Closed, Timeout
-from shmpad.net.rpc_server import (
+from shmpad.rpc.tcp_server import (
     TcpRpcServer,
     encode_message,
     join_address,
@@ -38,7 +36,7 @@ from shmpad.net.wire import (
     Kind,
     parse_address,
 )
-from shmpad.rpc import (
+from shmpad.rpc.shm import (
     CONNECT_TIMEOUT_S,
     POLL_S,
     FutureMethods,
@@ -295,7 +293,3 @@ class TcpRpcClient(MethodCalls):
 
 def _client(address: str, call_timeout: float | None, name: str, token_file: Any, connect_timeout: float) -> TcpRpcClient:
     return TcpRpcClient(address, None, call_timeout, name, token_file=token_file, connect_timeout=connect_timeout)
-
-
-
-courier.register_tcp_transport(courier.TcpTransport(reserve, load_token, parse_address, TcpRpcServer, TcpRpcClient))

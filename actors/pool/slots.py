@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.env import EnvSpec
+from actors.envs.env import EnvSpec
 from shmpad.errors import SegmentError
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
 
@@ -105,7 +105,7 @@ class PoolSlots:
     """The pool's segment mapped in this process: field arrays and control word indices.
 
     Word indices (into ``words``) are precomputed as int64 arrays for the kernels in
-    ``actors.sync``: ``act[h]`` / ``obs_count[h]`` hold the W counters of half ``h``,
+    ``actors.pool.sync``: ``act[h]`` / ``obs_count[h]`` hold the W counters of half ``h``,
     ``worker_ev`` the W worker events, ``half_ev[h]`` the consumer's event of half h.
     """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from shmpad.node import Dereferenced, Handle, Node, collect_handles
+from shmpad.nodes.base import Dereferenced, Handle, Node, collect_handles
 
 __all__ = ["PyNode", "PyClassNode"]
 

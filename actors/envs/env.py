@@ -147,10 +147,10 @@ class EnvConfig:
         """A new environment seeded from ``seeds`` (see ``seed_sequence``)."""
         spec = self._registry_spec()
         if spec.entry_point == ATARI_ENTRY_POINT:
-            from actors.atari import AtariEnv
+            from actors.envs.atari import AtariEnv
 
             return AtariEnv(self, spec.kwargs, seeds)
-        from actors.gym_env import GymEnv
+        from actors.envs.gym import GymEnv
 
         return GymEnv(self, seeds)
 

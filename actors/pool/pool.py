@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from actors.env import EnvConfig, EnvSpec
+from actors.envs.env import EnvConfig, EnvSpec
 from actors.errors import EnvWorkerError
-from actors.slots import PoolSlots
+from actors.pool.slots import PoolSlots
 from actors.supervisor import WorkerProcess, describe_status, fork_worker
-from actors.sync import copy_actions, count_short, load, load_stats, publish_all, spins_for, store, wait_all, wake, warm_up
-from actors.worker import WorkerArgs, run_worker
+from actors.pool.sync import copy_actions, count_short, load, load_stats, publish_all, spins_for, store, wait_all, wake, warm_up
+from actors.pool.worker import WorkerArgs, run_worker
 from shmpad.errors import Closed, Timeout
 from shmpad.ringbuf import janitor
 
@@ -88,7 +88,7 @@ class EnvPool:
     or 1. Environment ``i`` is seeded from ``(seed, i)``, so the same seed gives the
     same episodes for any number of workers. ``restarts`` is how many failed workers
     the pool may replace before it gives up; ``spins`` how long a waiter spins before
-    it sleeps (when its previous wait was short, see ``actors.sync``).
+    it sleeps (when its previous wait was short, see ``actors.pool.sync``).
     """
 
     def __init__(

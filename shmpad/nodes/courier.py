@@ -1,11 +1,11 @@
 """``CourierNode``: an object whose public methods other nodes call.
 
-On one box the calls travel through shared-memory rings (``shmpad.rpc``): the
+On one box the calls travel through shared-memory rings (``shmpad.rpc.shm``): the
 launcher creates the node's request ring before anything starts, so a call made
 before the server is up waits in the ring until it is served.
 
 A node given ``courier_kwargs={"listen": "HOST:PORT"}`` also serves the same object
-over authenticated TCP (``shmpad.net.rpc``), for clients on other hosts. The
+over authenticated TCP (``shmpad.rpc.tcp_server``), for clients on other hosts. The
 launcher reserves the port before anything starts (a bound socket, not listening:
 connections are refused, and clients retry, until the node listens there), so the
 address is known to every handle from the start. Nothing listens unless asked to,
@@ -27,13 +27,17 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from shmpad import context
-from shmpad.node import Handle
-from shmpad.python_node import PyClassNode
+from shmpad.launch import context
+from shmpad.nodes.base import Handle
+from shmpad.nodes.python import PyClassNode
 from shmpad.ringbuf import MPMCRing
-from shmpad.rpc import RpcClient, RpcServer, create_request_ring
+from shmpad.net.auth import load_token
+from shmpad.net.wire import parse_address
+from shmpad.rpc.shm import RpcClient, RpcServer, create_request_ring
+from shmpad.rpc.tcp_client import TcpRpcClient
+from shmpad.rpc.tcp_server import TcpRpcServer, reserve
 
 __all__ = ["CourierNode", "CourierHandle", "CourierClient", "Endpoint", "TRANSPORT_ENV", "host_identity"]
 
@@ -43,32 +47,6 @@ TRANSPORT_ENV = "SHMPAD_TRANSPORT"
 _TRANSPORTS = ("auto", "shm", "tcp")
 _SERVER_JOIN_S = 5.0
 _SHM_DIR = "/dev/shm"
-
-
-class TcpTransport(NamedTuple):
-    """What ``shmpad.net.rpc`` lends courier nodes. This layer may not import the
-    network layer below it, so that module registers itself here when imported
-    (``import shmpad`` imports it)."""
-
-    reserve: Callable  # (listen) -> (bound socket, address to listen on, address to advertise)
-    load_token: Callable  # (token_file=None) -> bytes
-    parse_address: Callable  # ("HOST:PORT") -> (host, port)
-    server: Callable  # (obj, address, token, threads=) -> object with close()
-    client: Callable  # (address, call_timeout=, name=, token_file=) -> client
-
-
-_tcp: TcpTransport | None = None
-
-
-def register_tcp_transport(transport: TcpTransport) -> None:
-    global _tcp
-    _tcp = transport
-
-
-def _tcp_transport() -> TcpTransport:
-    if _tcp is None:
-        raise RuntimeError("courier nodes reach TCP through shmpad.net.rpc, which is not imported: import shmpad.net.rpc")
-    return _tcp
 
 
 def host_identity() -> str:
@@ -136,7 +114,7 @@ class CourierHandle(Handle):
         if sep and scheme != "tcp":
             raise ValueError(f"address {address!r}: only tcp:// addresses are allowed")
         rest = rest if sep else address
-        host, port = _tcp_transport().parse_address(rest)
+        host, port = parse_address(rest)
         tcp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         token_file = None if token_file is None else os.fspath(token_file)
         return cls(endpoint=Endpoint(name or f"courier server at {tcp}", tcp=tcp, token_file=token_file))
@@ -169,7 +147,7 @@ class CourierHandle(Handle):
         ep = self.endpoint
         if _choose_transport(ep) == "shm":
             return RpcClient(ep.ring, name=ep.name, **self._client_kwargs)
-        return _tcp_transport().client(ep.tcp, name=ep.name, token_file=ep.token_file, **self._client_kwargs)
+        return TcpRpcClient(ep.tcp, name=ep.name, token_file=ep.token_file, **self._client_kwargs)
 
     def release(self, dereferenced: Any) -> None:
         dereferenced.close()
@@ -235,7 +213,7 @@ class CourierNode(PyClassNode):
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
         """Replace the constructor's arguments (handy for nodes that refer to each other)."""
-        from shmpad.node import collect_handles
+        from shmpad.nodes.base import collect_handles
 
         self._ctor_args = args
         self._ctor_kwargs = kwargs
@@ -250,7 +228,7 @@ class CourierNode(PyClassNode):
         if self._endpoint is None:
             raise RuntimeError(
                 f"{self.display_name} has no address yet: its handle can be dereferenced only once the program "
-                "that holds the node is launched (shmpad.launch)"
+                "that holds the node is launched (shmpad.launch.launcher)"
             )
         return self._endpoint
 
@@ -263,9 +241,8 @@ class CourierNode(PyClassNode):
             return
         tcp = None
         if self._listen is not None:
-            transport = _tcp_transport()
-            self._token = transport.load_token(token_file=self._token_file)  # no token: fail before anything runs
-            self._reservation, self._bind_address, tcp = transport.reserve(self._listen)
+            self._token = load_token(token_file=self._token_file)  # no token: fail before anything runs
+            self._reservation, self._bind_address, tcp = reserve(self._listen)
         try:
             self._ring = create_request_ring()
         except BaseException:
@@ -299,7 +276,7 @@ class CourierNode(PyClassNode):
         server = RpcServer(instance, self.address, threads=self._threads)
         tcp = None
         if self._bind_address is not None:
-            tcp = _tcp_transport().server(instance, self._bind_address, self._token, threads=self._threads)
+            tcp = TcpRpcServer(instance, self._bind_address, self._token, threads=self._threads)
         serving = threading.Thread(target=server.serve, name="shmpad-courier", daemon=True)
         serving.start()
         try:

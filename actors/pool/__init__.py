@@ -1,0 +1,1 @@
+"""The env pool: forked env worker processes stepping environments into shared slots."""
