@@ -261,7 +261,7 @@ class Accumulator:
 
     # -- state ----------------------------------------------------------------------
 
-    def _sync(self, ring: Ring) -> None:
+    def _sync(self, ring: PeerRing) -> None:
         versions = np.zeros(ring.size, dtype=np.int64)
         versions[ring.rank] = self.version
         ring.allreduce(versions)
@@ -271,7 +271,7 @@ class Accumulator:
             self.load_state_bytes(data)
         self._checked = self.version
 
-    def _check(self, ring: Ring) -> None:
+    def _check(self, ring: PeerRing) -> None:
         """Compare the peers' weights (one 8-byte digest each); resync if they differ.
         Every peer checks at the same reduction: the first of each ``check_every``-th
         version, which all of them reach together."""
