@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 
 # ---------------------------------------------------------------------------------------
-# The shmpad subject. shmpad.rpc.shm is imported lazily so that the peers run without it.
+# The shmpad subject. shmpad.rpc is imported lazily so that the peers run without it.
 
 
 class _ShmpadCaller(FutureWindow):
@@ -135,25 +135,27 @@ class Shmpad(Subject):
 
     def __init__(self, plan: Plan):
         super().__init__(plan)
-        from shmpad.rpc.shm import RpcServer
+        from shmpad.rpc.shm_server import create_request_ring
 
-        self._server = RpcServer(Echo(), threads=SERVER_THREADS)
-        self.address = self._server.address
+        self._ring = create_request_ring()  # made before the fork: the client may call before the server serves
+        self.address = self._ring.name
         self._closed = False
 
     def serve(self) -> None:
-        self._server.serve()
+        from shmpad.rpc import RpcServer
+
+        RpcServer(Echo(), self.address, threads=SERVER_THREADS).wait()
 
     def connect(self) -> Caller:
-        from shmpad.rpc.shm import RpcClient
+        from shmpad.rpc import RpcClient
 
         return _ShmpadCaller(RpcClient(self.address, call_timeout=None))
 
     def stop(self) -> None:
-        # Closing the queue in the parent ends the child's serve().
+        # Closing the request ring in the parent ends the child's server.
         if not self._closed:
             self._closed = True
-            self._server.close()
+            self._ring.close()
 
     def close(self) -> None:
         self.stop()
@@ -164,7 +166,7 @@ SUBJECTS: list[type[Subject]] = SHMPAD + PEERS + FLOOR
 
 
 def missing(subject: type[Subject]) -> str | None:
-    """Why ``subject`` cannot run here (its package is not installed, or shmpad.rpc.shm does
+    """Why ``subject`` cannot run here (its package is not installed, or shmpad.rpc does
     not import), or None. Peers are looked up, not imported: importing portal sets the
     spawn start method."""
     if subject.name == "portal" and importlib.util.find_spec("portal") is None:
@@ -173,9 +175,9 @@ def missing(subject: type[Subject]) -> str | None:
         return "pyzmq is not installed"
     if subject.family == "shmpad":
         try:
-            import shmpad.rpc.shm  # noqa: F401
+            import shmpad.rpc  # noqa: F401
         except Exception as e:  # missing, or broken mid-edit
-            return f"shmpad.rpc.shm does not import: {e!r}"
+            return f"shmpad.rpc does not import: {e!r}"
     return None
 
 

@@ -31,6 +31,7 @@ from shmpad.errors import AuthError
 from shmpad.errors import Closed
 from shmpad.errors import FrameError
 from shmpad.errors import NodeFailed
+from shmpad.errors import RemoteError
 from shmpad.errors import SegmentError
 from shmpad.errors import ShmpadError
 from shmpad.errors import Timeout
@@ -63,6 +64,7 @@ __all__ = [
     "MultiThreadingColocation",
     "Node",
     "NodeFailed",
+    "RemoteError",
     "Program",
     "PyClassNode",
     "PyNode",

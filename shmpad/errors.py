@@ -16,6 +16,7 @@ __all__ = [
     "AuthError",
     "FrameError",
     "Abandoned",
+    "RemoteError",
 ]
 
 
@@ -84,3 +85,8 @@ class Abandoned(ShmpadError):
     """A collective operation (allreduce, broadcast) was abandoned because its group changed,
     one of its members went away or it timed out. The array it worked on holds partial
     results: its caller drops them (the accumulator drops that reduction's gradients)."""
+
+
+class RemoteError(ShmpadError):
+    """A server raised an exception that could not be sent back as itself (it could not
+    be pickled, or it was not an ``Exception``), or its reply could not be unpickled here."""

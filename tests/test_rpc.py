@@ -13,7 +13,10 @@ import pytest
 
 from shmpad import Closed, Timeout
 from shmpad.ringbuf import MPMCRing
-from shmpad.rpc.shm import RemoteError, RemoteTraceback, RpcClient, RpcServer, create_request_ring
+from shmpad.errors import RemoteError
+from shmpad.rpc.codec import RemoteTraceback
+from shmpad.rpc.shm_client import RpcClient
+from shmpad.rpc.shm_server import RpcServer, create_request_ring
 
 from helpers import FORK, kill_pid, track_pid, wait_until
 
@@ -97,11 +100,9 @@ def run_in_threads(work, n: int) -> list[BaseException]:
 def server():
     """A server in a thread of this process (the transport is the same as across processes)."""
     srv = RpcServer(Service())
-    t = srv.start()
     yield srv
     srv.close()
-    t.join(10)
-    assert not t.is_alive()
+    assert srv.wait(10)
 
 
 @pytest.fixture
@@ -112,7 +113,7 @@ def client(server):
 
 
 def _serve_forked(address: str) -> None:
-    RpcServer(Service(), address).serve()
+    RpcServer(Service(), address).wait()
 
 
 @pytest.fixture
@@ -231,7 +232,6 @@ def test_call_before_the_server_exists_waits_for_it():
     time.sleep(0.3)
     assert not fut.done() and results == []
     server = RpcServer(Service(), ring.name)
-    t = server.start()
     try:
         assert fut.result(10) == 1000
         caller.join(10)
@@ -240,7 +240,7 @@ def test_call_before_the_server_exists_waits_for_it():
         client.close()
         server.close()
         ring.close()
-        t.join(10)
+        assert server.wait(10)
 
 
 def test_call_before_the_ring_exists_times_out_with_call_timeout():
@@ -269,7 +269,6 @@ def test_many_threads_share_one_client(client):
 
 def test_server_thread_pool_is_bounded():
     srv = RpcServer(Service(), threads=2)
-    t = srv.start()
     c = RpcClient(srv.address)
     try:
         futs = [c.futures.sleep(0.3) for _ in range(4)]
@@ -281,7 +280,7 @@ def test_server_thread_pool_is_bounded():
     finally:
         c.close()
         srv.close()
-        t.join(10)
+        assert srv.wait(10)
 
 
 def test_across_processes(remote):
@@ -409,12 +408,11 @@ class Tricky(Service):
 @pytest.fixture
 def tricky():
     srv = RpcServer(Tricky())
-    t = srv.start()
     c = RpcClient(srv.address)
     yield c
     c.close()
     srv.close()
-    t.join(10)
+    assert srv.wait(10)
 
 
 def test_a_reply_that_cannot_be_unpickled_fails_only_its_own_call(tricky):
@@ -465,7 +463,7 @@ def test_closing_a_client_fails_its_pending_futures_with_closed(server):
 
 
 def test_an_address_nobody_creates_does_not_hang_a_call(monkeypatch):
-    import shmpad.rpc.shm as rpc
+    import shmpad.rpc.shm_client as rpc
 
     monkeypatch.setattr(rpc, "CONNECT_TIMEOUT_S", 0.3)
     c = RpcClient("/shmpad.0.nobody-creates-this")

@@ -1,6 +1,6 @@
 """``CourierNode``: an object whose public methods other nodes call.
 
-On one box the calls travel through shared-memory rings (``shmpad.rpc.shm``): the
+On one box the calls travel through shared-memory rings (``shmpad.rpc.shm_server``): the
 launcher creates the node's request ring before anything starts, so a call made
 before the server is up waits in the ring until it is served.
 
@@ -35,7 +35,8 @@ from shmpad.nodes.python import PyClassNode
 from shmpad.ringbuf import MPMCRing
 from shmpad.net.auth import load_token
 from shmpad.net.wire import parse_address
-from shmpad.rpc.shm import RpcClient, RpcServer, create_request_ring
+from shmpad.rpc.shm_client import RpcClient
+from shmpad.rpc.shm_server import RpcServer, create_request_ring
 from shmpad.rpc.tcp_client import TcpRpcClient
 from shmpad.rpc.tcp_server import TcpRpcServer, reserve
 
@@ -277,19 +278,17 @@ class CourierNode(PyClassNode):
         tcp = None
         if self._bind_address is not None:
             tcp = TcpRpcServer(instance, self._bind_address, self._token, threads=self._threads)
-        serving = threading.Thread(target=server.serve, name="shmpad-courier", daemon=True)
-        serving.start()
         try:
             if self._should_run and hasattr(instance, "run"):
                 instance.run()
             else:
                 ctx = context.current_or_none()
                 if ctx is None:
-                    serving.join()
+                    server.wait()
                 else:
                     ctx.stopper.event.wait()
         finally:
             server.stop()
             if tcp is not None:
                 tcp.close()
-            serving.join(_SERVER_JOIN_S)
+            server.wait(_SERVER_JOIN_S)

@@ -1,8 +1,8 @@
 """Calls between processes: one codec, two transports (shared-memory rings on one
 host, authenticated TCP across hosts), one client surface."""
 
-from shmpad.rpc.shm import RpcClient
-from shmpad.rpc.shm import RpcServer
+from shmpad.rpc.shm_client import RpcClient
+from shmpad.rpc.shm_server import RpcServer
 from shmpad.rpc.tcp_client import TcpRpcClient
 from shmpad.rpc.tcp_server import TcpRpcServer
 

@@ -19,16 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmpad.errors import AuthError, Closed, Timeout
-from shmpad.rpc.tcp_server import (
-    TcpRpcServer,
-    encode_message,
-    join_address,
-    load_message,
-    message_size,
-    reserve,
-    set_keepalive,
-    split_message,
-)
+from shmpad.rpc.tcp_server import join_address, set_keepalive
 from shmpad.net.auth import connect, load_token
 from shmpad.net.wire import (
     MAX_FRAME,
@@ -36,7 +27,7 @@ from shmpad.net.wire import (
     Kind,
     parse_address,
 )
-from shmpad.rpc.shm import (
+from shmpad.rpc.calls import (
     CONNECT_TIMEOUT_S,
     POLL_S,
     FutureMethods,
@@ -44,10 +35,10 @@ from shmpad.rpc.shm import (
     check_call_timeout,
     settle,
     timeout_error,
-    unpack_reply,
 )
+from shmpad.rpc.codec import encode_message, load_message, message_size, split_message, unpack_reply
 
-__all__ = ["TcpRpcClient", "TcpRpcServer", "reserve"]
+__all__ = ["TcpRpcClient"]
 
 log = logging.getLogger("shmpad.net")
 

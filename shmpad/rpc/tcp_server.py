@@ -1,7 +1,7 @@
 """The TCP RPC server, and the format its messages travel in (``shmpad.rpc.tcp_client`` has the client).
 
-The same calls as ``shmpad.rpc.shm`` (which this transport shares its encoding, error
-handling and client surface with), over ``shmpad.net.wire`` connections: every
+The same calls as the shared-memory transport (``shm_server``), with the same codec
+(``codec``, which also documents the message layout) and client surface (``calls``), over ``shmpad.net.wire`` connections: every
 connection passes the shared-token handshake before a byte of it is decoded, and
 only then are its ``PICKLE`` frames unpickled. One frame per message::
 
@@ -10,10 +10,7 @@ only then are its ``PICKLE`` frames unpickled. One frame per message::
     reply     PICKLE  tag = call id  flags = 1 if the call returned, 0 if it raised
               payload = pickle(result) or pickle((exception, remote traceback))
 
-A pickle travels with its large buffers (numpy arrays: pickle protocol 5) sent from
-where they lie and received into one buffer that the arrays then view, no copies::
-
-    u32 n | n x u64 buffer sizes | pickle bytes | buffer 0 | ... | buffer n-1
+The pickles travel with their large buffers out of band (``codec``'s TCP messages).
 
 A client has one connection to its server with any number of calls in flight;
 replies come back in any order, matched by call id. A frame of another kind, or a
@@ -36,10 +33,8 @@ connections are refused, and clients retry, until the server listens.
 from __future__ import annotations
 
 import logging
-import pickle
 import queue
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -48,20 +43,14 @@ from typing import Any
 from shmpad.errors import FrameError
 from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
 from shmpad.net.auth import Listener
-from shmpad.rpc.shm import (
-    POLL_S,
-    RemoteError,
-    dumps,
-    failure,
-    public_methods,
-    unpicklable_result,
-)
+from shmpad.errors import RemoteError
+from shmpad.rpc.calls import POLL_S, public_methods
+from shmpad.rpc.codec import encode_message, failure, load_message, message_size, split_message, unpicklable_result
 
 __all__ = ["TcpRpcServer", "reserve"]
 
 log = logging.getLogger("shmpad.net")
 
-MAX_BUFFERS = 4096
 # A peer that vanishes without closing (its host died, a cable was pulled) is noticed
 # by keepalive probes after ~KEEPALIVE_IDLE_S + 3 x KEEPALIVE_INTERVAL_S, and data it
 # never acknowledges fails the connection after USER_TIMEOUT_S.
@@ -71,50 +60,9 @@ USER_TIMEOUT_S = 30
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
-# ---------------------------------------------------------------- payloads
+# ---------------------------------------------------------------- connections
 
 
-def encode_message(obj: Any) -> list:
-    """The parts of a payload carrying ``obj`` (see the module docstring)."""
-    buffers: list[pickle.PickleBuffer] = []
-    body = dumps(obj, buffers)
-    if len(buffers) > MAX_BUFFERS:
-        buffers = []
-        body = dumps(obj)
-    raws = [b.raw() for b in buffers]
-    head = struct.pack(f"<I{len(raws)}Q", len(raws), *(r.nbytes for r in raws))
-    return [head, body, *raws]
-
-
-def split_message(payload: bytearray) -> tuple[memoryview, list[memoryview]]:
-    """The pickle and buffers of a payload; ``FrameError`` if its layout does not add up."""
-    view = memoryview(payload)
-    if len(view) < 4:
-        raise FrameError(f"RPC payload of {len(view)} bytes is shorter than its 4-byte header")
-    (n,) = struct.unpack_from("<I", view)
-    if n > MAX_BUFFERS:
-        raise FrameError(f"RPC payload claims {n} buffers, at most {MAX_BUFFERS} allowed")
-    head = 4 + 8 * n
-    if len(view) < head:
-        raise FrameError(f"RPC payload of {len(view)} bytes is shorter than its {head}-byte header")
-    sizes = struct.unpack_from(f"<{n}Q", view, 4)
-    at = len(view) - sum(sizes)
-    if at < head:
-        raise FrameError(f"RPC payload of {len(view)} bytes cannot hold the {sum(sizes)} buffer bytes its header claims")
-    body, buffers = view[head:at], []
-    for size in sizes:
-        buffers.append(view[at : at + size])
-        at += size
-    return body, buffers
-
-
-def load_message(parts: tuple[memoryview, list[memoryview]]) -> Any:
-    body, buffers = parts
-    return pickle.loads(body, buffers=buffers)
-
-
-def message_size(parts: list) -> int:
-    return sum(memoryview(p).nbytes for p in parts)
 
 
 def refuse(conn: Connection, reason: str) -> None:
@@ -183,7 +131,8 @@ class TcpRpcServer:
     """Serves ``obj``'s public methods (and ``__call__``) to clients that hold ``token``.
 
     Listens on ``address`` (``"HOST:PORT"``; loopback unless told otherwise, port 0
-    picks a free one: ``self.address`` tells which) from construction until ``close()``.
+    picks a free one: ``self.address`` tells which) from construction until ``close()``,
+    like the shared-memory ``RpcServer``.
     ``threads`` bounds how many calls run at once, over all connections.
     """
 
