@@ -8,7 +8,7 @@ from actors.envs.env import seed_sequence
 from actors.envs.resize import AreaResize
 
 # The environment pool
-from actors.errors import EnvWorkerError
+from shmpad.errors import EnvWorkerError
 from actors.pool.pool import EnvPool
 from actors.pool.pool import HalfBatch
 from actors.pool.pool import PoolStatistics

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from typing import Callable
 
@@ -18,10 +19,10 @@ import numpy as np
 import torch
 
 from actors.envs.env import EnvConfig, seed_sequence
-from actors.errors import EnvWorkerError
+from shmpad.errors import EnvWorkerError
 from actors.inference import sample_actions
 from actors.rollout import RolloutWriter
-from actors.supervisor import WorkerProcess, describe_status, fork_worker
+from shmpad.launch.process import Child, Restarts, spawn
 from shmpad.errors import Closed, Timeout
 from shmpad.ringbuf import TypedRing, WeightStore, janitor
 
@@ -124,21 +125,21 @@ class LocalPolicyActors:
             raise ValueError("the trajectory ring of several actors must be multi-producer: TypedRing.create(..., multi=True)")
         self.config.spec()  # a bad id or broken environment fails here, before any fork
         self._args = (make_model, weights, ring, envs_per_actor, seed)
-        self._restarts_left = restarts
+        self._restarts = Restarts(restarts)
         self._parent = os.getpid()
         self._stopping = False
         self.failures: list[str] = []
         janitor.start()
         self._actors = [self._fork(a, 0) for a in range(num_actors)]
 
-    def _fork(self, a: int, generation: int) -> WorkerProcess:
+    def _fork(self, a: int, generation: int) -> Child:
         make_model, weights, ring, n, seed = self._args
         parent = self._parent
 
-        def target(_report_fd: int) -> None:
+        def target() -> None:
             run_actor(self.config, make_model, weights, ring, n, seed, a * n, generation, lambda: os.getppid() != parent)
 
-        return fork_worker(a, generation, target)
+        return spawn(target, a, generation)
 
     @property
     def pids(self) -> list[int]:
@@ -148,13 +149,12 @@ class LocalPolicyActors:
         """Look for dead actors: restart them while the budget lasts, else stop all and raise."""
         for a, proc in enumerate(self._actors):
             if proc.poll() and not self._stopping:
-                message = f"actor {a} (pid {proc.pid}) {describe_status(proc.status)}" + (
+                message = f"actor {a} (pid {proc.pid}) {proc.describe()}" + (
                     f":\n{proc.report()}" if proc.report() else " and left no report"
                 )
                 self.failures.append(message)
                 proc.close()
-                if self._restarts_left > 0:
-                    self._restarts_left -= 1
+                if self._restarts.take():
                     log.warning("%s\nrestarting it", message)
                     self._actors[a] = self._fork(a, proc.generation + 1)
                     continue
@@ -165,11 +165,7 @@ class LocalPolicyActors:
         """Stop every actor (SIGTERM, SIGKILL after ``grace`` s) and reap them. Idempotent."""
         self._stopping = True
         for proc in self._actors:
-            if proc.status is None:
-                try:
-                    os.kill(proc.pid, 15)
-                except ProcessLookupError:
-                    pass
+            proc.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for proc in self._actors:
             if not proc.wait(max(0.0, deadline - time.monotonic())):

@@ -130,6 +130,7 @@ def _timed(step, warmup: float, seconds: float) -> tuple[float, float]:
 
 def run_ceiling(args: Args) -> tuple[float, dict]:
     from actors import EnvConfig, seed_sequence
+    from shmpad.launch.process import fork
 
     config = EnvConfig(args.env)
     config.spec()  # compile the kernels before forking
@@ -137,26 +138,25 @@ def run_ceiling(args: Args) -> tuple[float, dict]:
     read_fd, write_fd = os.pipe()
     pids = []
     for core in range(args.cores):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                envs = [config.make(seed_sequence(0, core * per_core + i)) for i in range(per_core)]
-                obs = np.zeros((per_core, *envs[0].spec.obs_shape), np.uint8)
+
+        def measure_one_core(core: int = core) -> None:
+            envs = [config.make(seed_sequence(0, core * per_core + i)) for i in range(per_core)]
+            obs = np.zeros((per_core, *envs[0].spec.obs_shape), np.uint8)
+            for i, env in enumerate(envs):
+                env.reset(obs[i])
+            random_actions = RandomActions(envs[0].spec.num_actions, per_core, core)
+
+            def step() -> int:
+                actions = random_actions.next()
                 for i, env in enumerate(envs):
-                    env.reset(obs[i])
-                random_actions = RandomActions(envs[0].spec.num_actions, per_core, core)
+                    if env.step(actions[i], obs[i])[2]:
+                        env.reset(obs[i])
+                return per_core * config.frame_skip
 
-                def step() -> int:
-                    actions = random_actions.next()
-                    for i, env in enumerate(envs):
-                        if env.step(actions[i], obs[i])[2]:
-                            env.reset(obs[i])
-                    return per_core * config.frame_skip
+            frames, elapsed = _timed(step, args.warmup, args.seconds)
+            os.write(write_fd, f"{frames / elapsed}\n".encode())
 
-                frames, elapsed = _timed(step, args.warmup, args.seconds)
-                os.write(write_fd, f"{frames / elapsed}\n".encode())
-            finally:
-                os._exit(0)
+        pid = fork(measure_one_core, close_fds=(read_fd,), new_group=False)
         pids.append(pid)
     os.close(write_fd)
     for pid in pids:

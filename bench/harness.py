@@ -9,7 +9,6 @@ with its traceback to stderr and exits with code 1, which the parent turns into 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import multiprocessing
 import os
@@ -19,6 +18,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from shmpad.launch.process import die_with_parent
+
 __all__ = ["FORK", "START_TIMEOUT_S", "MeasurementFailed", "child", "end", "nothing"]
 
 # Children inherit what the parent built (shared memory, pipes, compiled kernels).
@@ -26,9 +27,6 @@ FORK = multiprocessing.get_context("fork")
 
 # A child waits this long at the start barrier.
 START_TIMEOUT_S = 15.0
-
-_PR_SET_PDEATHSIG = 1
-
 
 class MeasurementFailed(Exception):
     """One measurement did not give a result; the run reports it and goes on."""
@@ -46,7 +44,7 @@ def child(
 
     The child dies with its parent (PR_SET_PDEATHSIG) and at the latest after
     ``lifetime`` seconds (SIGALRM), so nothing outlives a killed or stuck run."""
-    _die_with_parent()
+    die_with_parent(os.getppid())
     signal.alarm(math.ceil(lifetime))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle: it kills us
     try:
@@ -72,10 +70,3 @@ def end(procs: list) -> None:
             p.kill()
         p.join()
 
-
-def _die_with_parent() -> None:
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)

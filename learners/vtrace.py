@@ -22,13 +22,9 @@ from typing import NamedTuple
 
 import torch
 
-from learners._checks import (
-    check_float_tensor,
-    check_int_tensor,
-    check_number,
-    check_threshold,
-)
+from learners._checks import check_float_tensor, check_int_tensor
 from learners.categorical import action_log_probs
+from shmpad._checks import check_number, check_threshold
 
 __all__ = ["VTraceFromLogitsReturns", "VTraceReturns", "from_importance_weights", "from_logits"]
 

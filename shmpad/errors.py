@@ -7,6 +7,7 @@ those two cannot say.
 from __future__ import annotations
 
 __all__ = [
+    "describe_exit",
     "ShmpadError",
     "Closed",
     "WouldBlock",
@@ -16,8 +17,24 @@ __all__ = [
     "AuthError",
     "FrameError",
     "Abandoned",
+    "EnvWorkerError",
     "RemoteError",
 ]
+
+
+def describe_exit(exit_code: int) -> str:
+    """How a process ended, in the one wording every message uses: ``exited with code 1``,
+    ``was killed by signal 9 (SIGKILL)`` (``exit_code`` as ``os.waitstatus_to_exitcode``
+    gives it: negative for a signal)."""
+    if exit_code >= 0:
+        return f"exited with code {exit_code}"
+    import signal
+
+    try:
+        name = signal.Signals(-exit_code).name
+    except ValueError:
+        name = "unknown"
+    return f"was killed by signal {-exit_code} ({name})"
 
 
 class ShmpadError(Exception):
@@ -53,17 +70,7 @@ class NodeFailed(ShmpadError, RuntimeError):
         self.index = index
         self.exit_code = exit_code
         self.node_traceback = node_traceback
-        if exit_code is not None and exit_code < 0:
-            import signal
-
-            try:
-                how = f"was killed by {signal.Signals(-exit_code).name}"
-            except ValueError:
-                how = f"was killed by signal {-exit_code}"
-        elif exit_code is not None:
-            how = f"exited with code {exit_code}"
-        else:
-            how = "raised"
+        how = "raised" if exit_code is None else describe_exit(exit_code)
         msg = f"Error in node '{label}/{index}': it {how}"
         if node_traceback:
             msg += "\n" + node_traceback.rstrip()
@@ -90,3 +97,15 @@ class Abandoned(ShmpadError):
 class RemoteError(ShmpadError):
     """A server raised an exception that could not be sent back as itself (it could not
     be pickled, or it was not an ``Exception``), or its reply could not be unpickled here."""
+
+
+class EnvWorkerError(ShmpadError):
+    """An environment worker died, raised or hung; the message carries its report
+    (the environment's traceback, the signal that killed it, or its stack when hung).
+
+    ``worker`` is the worker's index, ``report`` the text the worker left, if any."""
+
+    def __init__(self, message: str, worker: int = -1, report: str = ""):
+        super().__init__(message)
+        self.worker = worker
+        self.report = report

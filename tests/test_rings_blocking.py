@@ -38,9 +38,9 @@ def _waiting_calls(ring):
 @pytest.mark.parametrize(
     "timeout, error, message",
     [
-        (-1, ValueError, r"^timeout must be >= 0 seconds or None, got -1$"),
-        (-0.5, ValueError, r"^timeout must be >= 0 seconds or None, got -0.5$"),
-        (math.nan, ValueError, r"^timeout must be >= 0 seconds or None, got nan$"),
+        (-1, ValueError, r"^timeout must be a finite number of seconds >= 0 or None, got -1$"),
+        (-0.5, ValueError, r"^timeout must be a finite number of seconds >= 0 or None, got -0.5$"),
+        (math.nan, ValueError, r"^timeout must be a finite number of seconds >= 0 or None, got nan$"),
         ("x", TypeError, r"^timeout must be a number of seconds or None, got str$"),
         (True, TypeError, r"^timeout must be a number of seconds or None, got bool$"),
     ],

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from actors.envs.env import EnvConfig, EnvSpec
-from actors.errors import EnvWorkerError
+from shmpad.errors import EnvWorkerError
 from actors.pool.slots import PoolSlots
-from actors.supervisor import WorkerProcess, describe_status, fork_worker
+from shmpad.launch.process import Child, Restarts, spawn
 from actors.pool.sync import copy_actions, count_short, load, load_stats, publish_all, spins_for, store, wait_all, wake, warm_up
 from actors.pool.worker import WorkerArgs, run_worker
 from shmpad.errors import Closed, Timeout
@@ -113,13 +113,11 @@ class EnvPool:
             raise ValueError(f"envs_per_worker must be a multiple of halves ({halves}), got {envs_per_worker}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 0:
-            raise ValueError(f"restarts must be a non-negative int, got {restarts!r}")
         if not hang_timeout > 0:
             raise ValueError(f"hang_timeout must be > 0 seconds, got {hang_timeout!r}")
         self.halves = halves
         self.seed = int(seed)
-        self._restarts_left = int(restarts)
+        self._restarts = Restarts(restarts)
         self.hang_timeout = float(hang_timeout)
         if isinstance(spins, bool) or not isinstance(spins, (int, np.integer)) or spins < 0:
             raise ValueError(f"spins must be a non-negative int, got {spins!r}")
@@ -138,11 +136,10 @@ class EnvPool:
         self._batches = 0
         self._recv_wait_ns = 0
         self._last_wait_ns = 0
-        self._restarts = 0
         self._failures: list[str] = []
         self._progress = [(-1, time.monotonic())] * self.num_workers  # (steps seen, when it changed)
         self._batch_views = [self._make_batch(h) for h in range(halves)]
-        self._workers: list[WorkerProcess] = []
+        self._workers: list[Child] = []
         try:
             for w in range(self.num_workers):
                 self._workers.append(self._fork(w, 0))
@@ -243,7 +240,7 @@ class EnvPool:
         now = time.monotonic()
         for w, proc in enumerate(self._workers):
             if proc.poll():
-                self._failed(w, describe_status(proc.status), proc.report())
+                self._failed(w, proc.describe(), proc.report())
                 continue
             steps = load_stats(words, self._slots.stats_word[w])[0]
             seen, since = self._progress[w]
@@ -263,20 +260,18 @@ class EnvPool:
         )
         self._failures.append(message)
         proc.close()
-        if self._restarts_left > 0:
-            self._restarts_left -= 1
-            self._restarts += 1
-            log.warning("%s\nrestarting it (%d restarts left)", message, self._restarts_left)
+        if self._restarts.take():
+            log.warning("%s\nrestarting it (%d restarts left)", message, self._restarts.left)
             self._progress[w] = (-1, time.monotonic())
             self._workers[w] = self._fork(w, proc.generation + 1)
             return
         self.close()
         raise EnvWorkerError(message, worker=w, report=report)
 
-    def _fork(self, w: int, generation: int) -> WorkerProcess:
+    def _fork(self, w: int, generation: int) -> Child:
         args = WorkerArgs(w, generation, self.config, self.seed, self.spins, os.getpid())
         slots = self._slots
-        return fork_worker(w, generation, lambda report_fd: run_worker(slots, args))
+        return spawn(lambda: run_worker(slots, args), w, generation)
 
     # -- the rest --------------------------------------------------------------------
 
@@ -304,7 +299,7 @@ class EnvPool:
                 wait_s.append(wait_ns / 1e9)
         frames = steps * (self.config.frame_skip if self.config.is_atari else 1)
         return PoolStatistics(
-            self._batches, steps, frames, tuple(env_s), tuple(wait_s), self._recv_wait_ns / 1e9, self._restarts, tuple(self._failures)
+            self._batches, steps, frames, tuple(env_s), tuple(wait_s), self._recv_wait_ns / 1e9, self._restarts.used, tuple(self._failures)
         )
 
     def close(self, grace: float = 5.0) -> None:

@@ -10,9 +10,10 @@ import threading
 from typing import Sequence
 
 from shmpad.launch import context
-from shmpad.errors import Closed
+from shmpad._checks import check_int
+from shmpad.errors import Closed, describe_exit
 from shmpad.nodes.base import Handle, Node
-from shmpad.launch.process import fork
+from shmpad.launch.process import Restarts, fork
 from shmpad.nodes.python import PyNode
 from shmpad.colocation.multi_threading import check_nodes
 
@@ -29,10 +30,7 @@ class MultiProcessingColocation(PyNode):
     run) and are killed with the node."""
 
     def __init__(self, nodes: Sequence[PyNode], num_retries_on_failure: int = 0):
-        if isinstance(num_retries_on_failure, bool) or not isinstance(num_retries_on_failure, int):
-            raise TypeError(f"num_retries_on_failure must be an int, got {type(num_retries_on_failure).__name__}")
-        if num_retries_on_failure < 0:
-            raise ValueError(f"num_retries_on_failure must be >= 0, got {num_retries_on_failure}")
+        check_int("num_retries_on_failure", num_retries_on_failure, minimum=0)
         self._nodes = check_nodes("MultiProcessingColocation", nodes)
         self._num_retries = num_retries_on_failure
         super().__init__(self._run_all)
@@ -82,7 +80,7 @@ class MultiProcessingColocation(PyNode):
         ctx = context.current_or_none()
         stopping = ctx.stopper.event if ctx is not None else threading.Event()
         children: dict[int, tuple[int, int, int, bytearray]] = {}  # i -> pid, pidfd, err fd, text
-        restarts = 0
+        restarts = Restarts(self._num_retries, "num_retries_on_failure")
         terminated = False
         try:
             for i in range(len(self._nodes)):
@@ -111,14 +109,16 @@ class MultiProcessingColocation(PyNode):
                     del children[i]
                     if code == 0 or stopping.is_set():
                         continue
-                    if restarts >= self._num_retries:
+                    if not restarts.take():
                         detail = text.decode("utf-8", "replace").rstrip()
                         raise RuntimeError(
                             f"num_retries_on_failure (={self._num_retries}) is reached: colocated node {i} "
-                            f"exited with code {code}" + (f"\n{detail}" if detail else "")
+                            f"{describe_exit(code)}" + (f"\n{detail}" if detail else "")
                         )
-                    restarts += 1
-                    print(f"colocated node {i} exited with code {code}; restarting it ({restarts}/{self._num_retries})", flush=True)
+                    print(
+                        f"colocated node {i} {describe_exit(code)}; restarting it ({restarts.used}/{restarts.allowed})",
+                        flush=True,
+                    )
                     pid, pidfd, xr = self._spawn(i, ctx)
                     children[i] = (pid, pidfd, xr, bytearray())
         finally:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any

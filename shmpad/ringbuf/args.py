@@ -3,32 +3,24 @@ compiled entry points those calls use."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 from numba import typeof
 
+from shmpad._checks import check_int as _check_int
+from shmpad._checks import deadline
+
 __all__ = ["check_timeout", "check_int", "as_u8", "rows_u8", "fast_entry"]
 
 
-def check_timeout(timeout: float | None) -> float | None:
+def check_timeout(timeout: Any) -> float | None:
     """The monotonic deadline of ``timeout`` seconds (None: no deadline)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
-    if not timeout >= 0:
-        raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout}")
-    return time.monotonic() + timeout
+    return deadline(timeout)
 
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
-    return int(value)
+    return _check_int(name, value, low, high)
 
 
 def as_u8(data: Any) -> np.ndarray:
