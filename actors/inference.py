@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from actors.pool.pool import EnvPool, HalfBatch
-from actors.rollout import CORE_STATE_PREFIX, RolloutWriter
+from actors.rollout import RolloutWriter
+from actors.trajectory import CORE_STATE_PREFIX, STEP_FIELDS
 from shmpad.ringbuf import WeightStore
 
 __all__ = ["BatchedInference", "InferenceStatistics", "sample_actions"]
@@ -137,13 +138,6 @@ class BatchedInference:
 
 
 def _rows(batch: HalfBatch, logits: np.ndarray) -> dict[str, Any]:
-    return {
-        "obs": batch.obs,
-        "action": batch.action,
-        "reward": batch.reward,
-        "done": batch.done,
-        "logits": logits,
-        "episode_return": batch.episode_return,
-        "episode_step": batch.episode_step,
-        "episode_end": batch.episode_end,
-    }
+    rows = {f: getattr(batch, f) for f in STEP_FIELDS}  # [B / halves, ...] each
+    rows["logits"] = logits  # [B / halves, A]
+    return rows

@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from actors.envs.env import EnvConfig, seed_sequence
+from actors.envs.config import EnvConfig
+from actors.envs.spec import seed_sequence
 from shmpad.errors import EnvWorkerError
 from actors.inference import sample_actions
 from actors.rollout import RolloutWriter

@@ -1,10 +1,5 @@
-"""Unrolls of T steps per environment, assembled into ``[T+1, ...]`` trajectory slots.
-
-Row ``t`` of an unroll is what the agent saw and did at step ``t``: the observation,
-the reward and ``done`` that came with it (for the previous action), the action
-taken from it with the behaviour policy's logits, and the episode statistics of
-the slot. Row ``T`` of one unroll is row ``0`` of the next (the learner bootstraps
-from it), as in torchbeast and moolib.
+"""Unrolls of T steps per environment, assembled into ``[T+1, ...]`` trajectory slots
+(the schema is ``actors.trajectory``'s).
 
 Environments of one group (a half of a pool, or an actor's environments) step in
 lockstep, so their unrolls complete together; their rows are staged in process
@@ -12,69 +7,21 @@ memory ([envs, T+1, ...], each environment's unroll contiguous) and each finishe
 unroll is copied once into a slot of the trajectory ring. The learner takes them
 with ``ring.get_batch(B)`` as ``[B, T+1, ...]`` arrays.
 
-For a recurrent policy the slot also holds the core state at the start of the
-unroll, one field per state tensor (``core_state_0``, ``core_state_1``...: an
-LSTM's ``h`` and ``c``, each ``[layers, hidden]``): the state the policy took as
-input at row 0's step, before it was zeroed for ``done[0]`` (the learner's model
-zeroes it again from ``done``). These fields have no time axis.
+For a recurrent policy the slot's core state fields hold the state the policy took
+as input at row 0's step, before it was zeroed for ``done[0]`` (the learner's model
+zeroes it again from ``done``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from actors.envs.env import EnvSpec
+from actors.trajectory import core_state_fields, unroll_length
 from shmpad.ringbuf import TypedRing
 
-__all__ = ["CORE_STATE_PREFIX", "RolloutWriter", "core_state_fields", "trajectory_spec"]
-
-CORE_STATE_PREFIX = "core_state_"
-"""fields named ``core_state_<i>`` hold the ``i``-th core state tensor at the start of the unroll"""
-
-
-def core_state_fields(spec: dict[str, Any]) -> list[str]:
-    """The core state fields of a trajectory spec, in state order (empty for a feed-forward policy)."""
-    return sorted((f for f in spec if f.startswith(CORE_STATE_PREFIX)), key=lambda f: int(f[len(CORE_STATE_PREFIX) :]))
-
-
-def trajectory_spec(
-    spec: EnvSpec,
-    unroll_length: int,
-    num_logits: int | None = None,
-    core_state_shapes: Sequence[Sequence[int]] | None = None,
-) -> dict[str, tuple[Any, tuple[int, ...]]]:
-    """The ``TypedRing`` spec of one unroll of ``unroll_length`` steps of ``spec``'s
-    environments; ``num_logits`` defaults to the number of discrete actions.
-    ``core_state_shapes`` (one environment's shape of each core state tensor, e.g.
-    ``[(layers, hidden), (layers, hidden)]`` for an LSTM) adds the float32 fields
-    ``core_state_<i>`` holding the state at the start of the unroll."""
-    if isinstance(unroll_length, bool) or not isinstance(unroll_length, (int, np.integer)) or unroll_length < 1:
-        raise ValueError(f"unroll_length must be an int >= 1, got {unroll_length!r}")
-    if num_logits is None:
-        if not spec.discrete:
-            raise ValueError(f"num_logits is needed for the continuous actions of {spec.env_id!r}")
-        num_logits = spec.num_actions
-    n = int(unroll_length) + 1
-    fields = {
-        "obs": (spec.obs_dtype, (n, *spec.obs_shape)),
-        "action": (spec.action_dtype, (n, *spec.action_shape)),
-        "reward": (np.float32, (n,)),
-        "done": (np.uint8, (n,)),
-        "logits": (np.float32, (n, int(num_logits))),
-        "episode_return": (np.float32, (n,)),
-        "episode_step": (np.int32, (n,)),
-        "episode_end": (np.uint8, (n,)),
-    }
-    for i, shape in enumerate(core_state_shapes or ()):
-        shape = tuple(shape)
-        if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
-            raise ValueError(f"core_state_shapes must be shapes of ints >= 1, got {shape!r} for state {i}")
-        fields[f"{CORE_STATE_PREFIX}{i}"] = (np.float32, tuple(int(d) for d in shape))
-    return fields
-
+__all__ = ["RolloutWriter"]
 
 class RolloutWriter:
     """Writes unrolls of ``groups`` groups of ``group_size`` environments into ``ring``.
@@ -91,7 +38,7 @@ class RolloutWriter:
 
     def __init__(self, ring: TypedRing, groups: int, group_size: int, timeout: float | None = None):
         self.ring = ring
-        self.unroll_length = next(iter(ring.spec.values()))[1][0] - 1
+        self.unroll_length = unroll_length(ring.spec)
         self.timeout = timeout
         state = core_state_fields(ring.spec)
         self._staging = [

@@ -238,7 +238,7 @@ def run_ale_vector(args: Args) -> tuple[float, dict]:
 
     import gymnasium as gym
 
-    from actors.envs.env import EnvConfig
+    from actors.envs.config import EnvConfig
 
     game = gym.spec(args.env).kwargs["game"]
     EnvConfig(args.env)

@@ -37,12 +37,9 @@ from dataclasses import dataclass
 import torch
 
 import shmpad as lp
-from actors import EnvConfig, EnvPool
-from actors.inference import BatchedInference
-from actors.rollout import RolloutWriter, trajectory_spec
+from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
 from bench.cli import parser_for
-from learners import make_model
-from learners.learner import Learner, LearnerConfig
+from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.wire import parse_address
 from shmpad.net.auth import load_token
@@ -116,12 +113,10 @@ class Args:
     """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
     virtual_batch_size: int = 0
     """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
-    report_throughput: bool = False
-    """instead of training: measure the learner's framework cost and the pipeline's frames/s next to the actor ceiling (bench.impala_throughput)"""
 
 
-def parse_args(argv: list[str] | None = None) -> Args:
-    parser = parser_for(Args, "python -m bench.impala", __doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala") -> Args:
+    parser = parser_for(Args, prog, __doc__.split("\n\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
     if args.model not in ("shallow", "deep", "mlp"):
         parser.error(f"--model must be 'shallow', 'deep' or 'mlp', got {args.model!r}")
@@ -135,8 +130,6 @@ def parse_args(argv: list[str] | None = None) -> Args:
             load_token(token_file=args.token_file or None)
         except (ValueError, lp.ShmpadError) as e:
             parser.error(f"--peers {args.peers}: {e}")
-    if args.report_throughput and args.use_lstm:
-        parser.error("--report-throughput measures feed-forward models only; drop --use-lstm")
     return args
 
 
@@ -345,7 +338,6 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
     spec = env_config(args).spec()  # also compiles the preprocessing kernels before the fork
     if not spec.discrete:
         raise SystemExit(f"bench.impala needs discrete actions; {args.env!r} has {spec.describe_actions()}")
-    frames_per_step = 4 if spec.env_id.startswith("ALE/") else 1
     model = build_model(args, spec.obs_shape, spec.num_actions)
     traj = trajectory_spec(spec, args.unroll_length, core_state_shapes=core_state_shapes(model))
     program = lp.Program("impala")
@@ -356,18 +348,16 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
         for i in range(args.num_actors):
             program.add_node(lp.PyNode(run_actor, args, i, trajectories, weights, stats))
     program.add_node(
-        lp.PyNode(run_learner, args, spec.obs_shape, spec.num_actions, frames_per_step, trajectories, weights), "learner"
+        lp.PyNode(
+            run_learner, args, spec.obs_shape, spec.num_actions, frames_per_step(env_config(args)), trajectories, weights
+        ),
+        "learner",
     )
     return program, stats
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.report_throughput:
-        from bench.impala_throughput import run
-
-        run(args)
-        return 0
     print(f"IMPALA on {args.env}: {dataclasses.asdict(args)}", flush=True)
     program, _ = build_program(args)
     manager = lp.launch(program, launch_type=args.launch_type)

@@ -1,4 +1,4 @@
-"""The learner's framework cost, for ``bench.impala --report-throughput``.
+"""The learner's framework cost, for ``bench.impala_throughput``.
 
 ``bare``: a plain torch loop on one ready batch (the same model, ``impala_loss``,
 backward, gradient clipping and optimiser step; the batch is built once as
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import shmpad as lp
-from actors.rollout import trajectory_spec
+from actors.trajectory import trajectory_spec
 from bench import impala
 from learners.learner import Learner
 from learners.loss import impala_loss

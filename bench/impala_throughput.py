@@ -1,7 +1,8 @@
-"""``python -m bench.impala --report-throughput``: where bench.impala's time goes.
+"""``python -m bench.impala_throughput``: where bench.impala's time goes. It takes
+bench.impala's flags (feed-forward models only) and measures instead of training.
 
-    python -m bench.impala --report-throughput                     # Pong, about 2 minutes on 2 cores
-    python -m bench.impala --report-throughput --total-frames 200000 --num-workers 4
+    python -m bench.impala_throughput                     # Pong, about 2 minutes on 2 cores
+    python -m bench.impala_throughput --total-frames 200000 --num-workers 4
 
 Two measurements, each in ``ROUNDS`` interleaved rounds (the order alternates each
 round, because machine speed drifts); tables show medians, ratios are medians of
@@ -48,11 +49,12 @@ from typing import Any
 
 
 import shmpad as lp
+from actors import frames_per_step
 from bench import impala
 from bench.impala_learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS, in_child
 from shmpad.ringbuf import janitor
 
-__all__ = ["run"]
+__all__ = ["run", "main"]
 
 ROUNDS = 3
 QUICK_FRAMES = 40_000
@@ -68,7 +70,7 @@ def run(args: Any) -> dict:
     janitor.start()
     spec = impala.env_config(args).spec()  # compiles the preprocessing before any fork
     print(
-        f"# bench.impala --report-throughput {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} "
+        f"# bench.impala_throughput {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} "
         f"env={args.env} model={args.model} T={args.unroll_length} B={args.batch_size} actors={args.num_actors} "
         f"workers={args.num_workers}x{args.envs_per_worker} envs learner_threads={args.learner_threads} "
         f"frames={args.total_frames:,} rounds={ROUNDS}",
@@ -270,7 +272,7 @@ def _targets(learner: dict, pipeline: dict) -> dict:
 
 def _print(args: Any, report: dict) -> None:
     lr, p, t = report["learner"], report["pipeline"], report["targets"]
-    frames_per_update = args.batch_size * args.unroll_length * (4 if impala.env_config(args).is_atari else 1)
+    frames_per_update = args.batch_size * args.unroll_length * frames_per_step(impala.env_config(args))
     ceiling = "n/a (bench.envpool's ceiling is Atari only)" if p["ceiling_frames_per_s"] is None else f"{p['ceiling_frames_per_s']:>10,} frames/s"
     ratio = "n/a" if p["ratio_to_ceiling"] is None else f"{p['ratio_to_ceiling']:.2f}"
     print(f"\n1. Learner framework cost (medians of {ROUNDS} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)")
@@ -307,3 +309,15 @@ def _print(args: Any, report: dict) -> None:
     else:
         print(f"{t['worker_busy']} env workers {p['worker_busy']:.0%} busy with the learner not the bottleneck (target >= {BUSY_TARGET:.0%})")
     sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = impala.parse_args(argv, prog="python -m bench.impala_throughput")
+    if args.use_lstm:
+        raise SystemExit("bench.impala_throughput measures feed-forward models only; drop --use-lstm")
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

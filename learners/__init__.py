@@ -1,4 +1,4 @@
-"""Learners: V-trace, the IMPALA loss and actor-critic models."""
+"""Learners: V-trace, the IMPALA loss, actor-critic models and the learner."""
 
 # V-trace
 from learners.vtrace import VTraceFromLogitsReturns
@@ -26,9 +26,15 @@ from learners.models import NatureTorso
 from learners.models import ResNetTorso
 from learners.models import make_model
 
+# The learner
+from learners.learner import Learner
+from learners.learner import LearnerConfig
+
 __all__ = [
     "ActorCritic",
     "ImpalaLoss",
+    "Learner",
+    "LearnerConfig",
     "MLPTorso",
     "ModelOutput",
     "NatureTorso",

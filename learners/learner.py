@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from actors.rollout import core_state_fields
+from actors.trajectory import core_state_fields, unroll_length
 from learners.loss import ImpalaLoss, impala_loss
 from learners.models import ActorCritic, ModelOutput
 from shmpad.errors import Timeout
@@ -123,7 +123,7 @@ class Learner:
         self.config = config
         self.weights = weights
         self.device = torch.device(device)
-        self.unroll_length = next(iter(ring.spec.values()))[1][0] - 1
+        self.unroll_length = unroll_length(ring.spec)
         if config.optimizer == "adam":
             self.optimizer: torch.optim.Optimizer = torch.optim.Adam(
                 model.parameters(), lr=config.learning_rate, eps=config.adam_eps

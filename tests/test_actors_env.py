@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import actor_envs  # noqa: F401  (registers the misbehaving environments)
-from actors.envs.env import EnvConfig, seed_sequence
+from actors.envs.config import EnvConfig
+from actors.envs.spec import seed_sequence
 from test_actors_resize import dense_area_resize
 
 

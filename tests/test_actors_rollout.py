@@ -9,7 +9,8 @@ import torch
 from actors import EnvConfig, EnvPool
 from actors.inference import BatchedInference
 from actors.local import LocalPolicyActors
-from actors.rollout import RolloutWriter, trajectory_spec
+from actors.rollout import RolloutWriter
+from actors.trajectory import trajectory_spec
 from shmpad.ringbuf import TypedRing, WeightStore
 from test_actors_pool import ReferencePool
 

@@ -20,9 +20,9 @@ from learners import make_model
 from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
 
 
-def run_bench(*args: str, timeout: float) -> str:
+def run_bench(*args: str, timeout: float, module: str = "bench.impala") -> str:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.impala", *args],
+        [sys.executable, "-m", module, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,

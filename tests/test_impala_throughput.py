@@ -1,4 +1,4 @@
-"""``python -m bench.impala --report-throughput`` with tiny settings: the report's
+"""``python -m bench.impala_throughput`` with tiny settings: the report's
 sections, target lines and machine-readable line are there (timings are not checked:
 a benchmark is never a timed unit test)."""
 
@@ -18,9 +18,9 @@ TINY = (
 
 @pytest.mark.slow
 def test_report_throughput_prints_both_measurements_and_the_targets():
-    text = run_bench("--report-throughput", *TINY, timeout=400)
+    text = run_bench(*TINY, timeout=400, module="bench.impala_throughput")
     lines = text.splitlines()
-    assert lines[0].startswith("# bench.impala --report-throughput")
+    assert lines[0].startswith("# bench.impala_throughput")
     assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 3
     assert len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 3
     for section in ("1. Learner framework cost", "2. Whole pipeline", "where the time goes:", "bottleneck: the "):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.envs.env import EnvSpec
-from actors.rollout import trajectory_spec
+from actors.envs.spec import EnvSpec
+from actors.trajectory import trajectory_spec
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from shmpad.ringbuf import TypedRing, WeightStore

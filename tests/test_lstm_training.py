@@ -14,7 +14,8 @@ from test_impala import read_log, run_bench
 
 from actors import EnvConfig, EnvPool
 from actors.inference import BatchedInference
-from actors.rollout import RolloutWriter, core_state_fields, trajectory_spec
+from actors.rollout import RolloutWriter
+from actors.trajectory import core_state_fields, trajectory_spec
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from shmpad.ringbuf import TypedRing

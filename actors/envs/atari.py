@@ -16,11 +16,14 @@ episode statistics) waits for the real end of the game.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from actors.envs.env import EnvConfig, EnvSpec
+from actors.envs.spec import EnvSpec
+
+if TYPE_CHECKING:
+    from actors.envs.config import EnvConfig
 from actors.envs.resize import AreaResize
 
 __all__ = ["AtariEnv"]

@@ -9,11 +9,14 @@ happens, with its id and the values seen.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from actors.envs.env import EnvConfig, EnvSpec
+from actors.envs.spec import EnvSpec
+
+if TYPE_CHECKING:
+    from actors.envs.config import EnvConfig
 
 __all__ = ["GymEnv"]
 

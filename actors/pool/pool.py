@@ -27,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from actors.envs.env import EnvConfig, EnvSpec
+from actors.envs.config import EnvConfig
+from actors.envs.spec import EnvSpec
 from shmpad.errors import EnvWorkerError
 from actors.pool.slots import PoolSlots
+from actors.trajectory import STEP_FIELDS, frames_per_step
 from shmpad.launch.process import Child, Restarts, spawn
 from actors.pool.sync import copy_actions, count_short, load, load_stats, publish_all, spins_for, store, wait_all, wake, warm_up
 from actors.pool.worker import WorkerArgs, run_worker
@@ -278,7 +280,7 @@ class EnvPool:
     def _make_batch(self, h: int) -> HalfBatch:
         v = self._slots.half(h)
         envs = range(h * self.half_size, (h + 1) * self.half_size)
-        return HalfBatch(h, envs, v["obs"], v["reward"], v["done"], v["episode_return"], v["episode_step"], v["episode_end"], v["action"])
+        return HalfBatch(h, envs, **{f: v[f] for f in STEP_FIELDS})
 
     @property
     def worker_pids(self) -> list[int]:
@@ -297,7 +299,7 @@ class EnvPool:
                 steps += n
                 env_s.append(env_ns / 1e9)
                 wait_s.append(wait_ns / 1e9)
-        frames = steps * (self.config.frame_skip if self.config.is_atari else 1)
+        frames = steps * frames_per_step(self.config)
         return PoolStatistics(
             self._batches, steps, frames, tuple(env_s), tuple(wait_s), self._recv_wait_ns / 1e9, self._restarts.used, tuple(self._failures)
         )

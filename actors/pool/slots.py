@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from actors.envs.env import EnvSpec
+from actors.envs.spec import EnvSpec
+from actors.trajectory import STEP_FIELDS, step_fields
 from shmpad.errors import SegmentError
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
 
@@ -56,19 +57,7 @@ _LINE_WORDS = CACHE_LINE // 8
 _STOP_LINE = 0
 
 
-def _fields(spec: EnvSpec) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    return [
-        ("obs", np.dtype(spec.obs_dtype), tuple(spec.obs_shape)),
-        ("action", np.dtype(spec.action_dtype), tuple(spec.action_shape)),
-        ("reward", np.dtype(np.float32), ()),
-        ("done", np.dtype(np.uint8), ()),
-        ("episode_return", np.dtype(np.float32), ()),
-        ("episode_step", np.dtype(np.int32), ()),
-        ("episode_end", np.dtype(np.uint8), ()),
-    ]
-
-
-FIELDS = ("obs", "action", "reward", "done", "episode_return", "episode_step", "episode_end")
+FIELDS = STEP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -114,7 +103,7 @@ class PoolSlots:
         geo = _Geometry(num_workers, envs_per_worker, halves)
         offset = geo.control_lines * CACHE_LINE
         layout = []
-        for name, dtype, shape in _fields(spec):
+        for name, dtype, shape in step_fields(spec):
             layout.append([name, dtype.str, list(shape), offset])
             offset += -(-(geo.num_envs * dtype.itemsize * math.prod(shape)) // CACHE_LINE) * CACHE_LINE
         meta = {"num_workers": num_workers, "envs_per_worker": envs_per_worker, "halves": halves, "fields": layout}

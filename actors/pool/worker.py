@@ -21,7 +21,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from actors.envs.env import EnvConfig, seed_sequence
+from actors.envs.config import EnvConfig
+from actors.envs.spec import seed_sequence
 from actors.pool.slots import PoolSlots
 from actors.pool.sync import count_short, load, publish_part, spins_for, store_stats, wait_all
 
