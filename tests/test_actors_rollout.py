@@ -78,7 +78,7 @@ def test_local_policy_actors_pull_weights_and_write_unrolls(shm_leak_check):
 
 
 def test_local_actors_need_a_multi_producer_ring():
-    ring = TypedRing.create(trajectory_spec(EnvConfig("CartPole-v1").spec(), 3), capacity=4)
+    ring = TypedRing.create(trajectory_spec(EnvConfig("CartPole-v1").spec(), 3), capacity=4, multi=False)
     store = WeightStore.create(TinyPolicy())
     try:
         with pytest.raises(ValueError, match=r"must be multi-producer: TypedRing.create\(..., multi=True\)"):

@@ -106,12 +106,12 @@ def test_round_trip_of_dtypes_and_shapes():
     template = {k: np.zeros_like(v) if isinstance(v, np.ndarray) else torch.zeros_like(v) for k, v in values.items()}
     with WeightStore.create(template) as store:
         assert store.names == tuple(values)
-        assert store.spec["scalar"] == ((), np.dtype(np.float64))
+        assert store.spec["scalar"] == (np.dtype(np.float64), ())
         assert store.publish(values) == 1
 
-        into_numpy = {k: np.zeros(shape, dtype) for k, (shape, dtype) in store.spec.items()}
+        into_numpy = {k: np.zeros(shape, dtype) for k, (dtype, shape) in store.spec.items()}
         assert store.pull(into_numpy) == 1
-        into_torch = {k: torch.from_numpy(np.zeros(shape, dtype)) for k, (shape, dtype) in store.spec.items()}
+        into_torch = {k: torch.from_numpy(np.zeros(shape, dtype)) for k, (dtype, shape) in store.spec.items()}
         assert store.pull(into_torch) == 1
         version, fresh = store.pull_arrays()
         assert version == 1

@@ -3,7 +3,8 @@
 The first process that creates a segment starts one janitor: a tiny Python process
 (no site-packages, no shmpad import) whose standard input is a pipe. Every process of
 the program holds the pipe's write end (forked children inherit it), and sends
-``+name`` when it creates a segment and ``-name`` when it unlinks one. When the last
+``+<name in hex>`` when it creates a segment and ``-<name in hex>`` when it unlinks one
+(hex, so that no byte of a name can break a line or stand for another name). When the last
 holder exits, however it exits (normally, on an exception, or SIGKILLed), the janitor
 reads end-of-file and unlinks every name still registered.
 
@@ -28,14 +29,21 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 names = set()
 for line in sys.stdin.buffer:
-    line = line.strip().decode()
-    if line[:1] == "+":
-        names.add(line[1:])
-    elif line[:1] == "-":
-        names.discard(line[1:])
-for name in names:
+    line = line.strip()
     try:
-        os.unlink("/dev/shm/" + name.lstrip("/"))
+        name = bytes.fromhex(line[1:].decode("ascii"))
+    except ValueError:
+        continue
+    if line[:1] == b"+":
+        names.add(name)
+    elif line[:1] == b"-":
+        names.discard(name)
+for name in names:
+    base = name.lstrip(b"/")
+    if not base or b"/" in base or b"\0" in base:
+        continue
+    try:
+        os.unlink(b"/dev/shm/" + base)
     except OSError:
         pass
 """
@@ -80,16 +88,16 @@ def _send(line: str) -> None:
     if fd is None:
         return
     try:
-        os.write(fd, line.encode() + b"\n")  # shorter than PIPE_BUF: atomic among writers
+        os.write(fd, line.encode("ascii") + b"\n")  # names are short: under PIPE_BUF, atomic among writers
     except OSError:
         pass  # the janitor is gone; atexit cleanup in the creator still runs
 
 
 def register(name: str) -> None:
     """Have the janitor unlink ``name`` when the program is gone, unless unregistered."""
-    _send("+" + name)
+    _send("+" + name.encode("utf-8", "surrogateescape").hex())
 
 
 def unregister(name: str) -> None:
     """``name`` was unlinked; the janitor can forget it."""
-    _send("-" + name)
+    _send("-" + name.encode("utf-8", "surrogateescape").hex())

@@ -153,7 +153,11 @@ class ByteRing:
         meta = {"capacity": capacity, "slot_size": slot_size, **extra_meta}
         if extra_bytes:
             meta["extra"] = extra
-        seg = Segment.create(cls.KIND, meta, extra + extra_bytes, name=name)
+        try:
+            seg = Segment.create(cls.KIND, meta, extra + extra_bytes, name=name)
+        except SegmentError as e:
+            what = f"{capacity} slots of {slot_size} bytes" + (f" and {extra_bytes} bytes of typed slots" if extra_bytes else "")
+            raise SegmentError(f"a ring of capacity={capacity} ({what}): {e}") from None
         ctl = seg.data.view(np.int64)
         ctl[CAPACITY] = capacity
         ctl[SLOT_SIZE] = slot_size
@@ -452,7 +456,8 @@ class ByteRing:
     # -- shared ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the ring for every process: puts raise ``Closed``, gets drain what is
+        """Close the ring for every process, from any handle (a producer's close ends the
+        stream): puts raise ``Closed``, gets drain what is
         left and then raise ``Closed``, and every waiter wakes. The creating handle's
         close also removes the segment's name. Idempotent."""
         self._drop_cache()

@@ -18,6 +18,12 @@ The data area starts on a page boundary, so every word and cache line the kinds 
 out is aligned. ``Segment.attach`` checks magic, version, kind and size and raises
 ``SegmentError`` naming what differs.
 
+Names are ``/`` then 1 to 250 of ``A-Z a-z 0-9 . _ -``: a name that is not is refused
+with a ``ValueError`` before the OS sees it. Creating a segment checks the size against
+the free space of ``/dev/shm`` and reserves its memory (``posix_fallocate``), so a
+segment that does not fit is a ``SegmentError`` naming the sizes and the fix, never a
+SIGBUS at the first touch of a page.
+
 Cleanup: the creator unlinks its segments when it closes them and at interpreter
 exit; a janitor process (see ``janitor.py``) unlinks whatever is left once every
 process of the program has exited, including after SIGKILL.
@@ -55,6 +61,47 @@ _W_MAGIC, _W_VERSION, _W_KIND, _W_SIZE, _W_PID, _W_META_LEN, _W_DATA_OFF = range
 _counter = itertools.count()
 _owned_lock = threading.Lock()
 _owned: dict[str, int] = {}  # name -> pid of the creating process
+
+
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+MAX_NAME = 250
+SHM_DIR = "/dev/shm"
+
+
+def _checked_name(name: Any) -> str:
+    """``name`` with its leading ``/``, if it is a segment name this module accepts."""
+    if not isinstance(name, str):
+        raise TypeError(f"segment name must be a str, got {type(name).__name__}")
+    base = name[1:] if name.startswith("/") else name
+    if not 1 <= len(base) <= MAX_NAME or not _NAME_CHARS.issuperset(base):
+        raise ValueError(
+            f"segment name {name!r} is not allowed: after an optional leading '/', 1 to {MAX_NAME} "
+            "characters of A-Z, a-z, 0-9, '.', '_' and '-'"
+        )
+    return "/" + base
+
+
+def _free_bytes() -> tuple[int, int] | None:
+    """(free, total) bytes of the file system behind shared memory, if it can be read."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def _does_not_fit(name: str, size: int, why: str) -> SegmentError:
+    room = _free_bytes()
+    free = "" if room is None else f"; {SHM_DIR} has {_mib(room[0])} free of {_mib(room[1])}"
+    return SegmentError(
+        f"cannot create shared-memory segment {name!r} of {size} bytes ({_mib(size)}): {why}{free}. "
+        f"Ask for less, or give {SHM_DIR} more room (in Docker: docker run --shm-size=...; "
+        f"on a host: mount -o remount,size=... {SHM_DIR})"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
 
 
 def _round_up(n: int, to: int) -> int:
@@ -138,19 +185,32 @@ class Segment:
         data_offset = _round_up(HEADER_BYTES + len(meta_raw), PAGE)
         size = data_offset + _round_up(max(data_bytes, 1), PAGE)
         pid = os.getpid()
-        if name is None:
-            name = f"/{PREFIX}{pid}.{next(_counter)}.{secrets.token_hex(4)}"
-        elif not name.startswith("/"):
-            name = "/" + name
+        name = f"/{PREFIX}{pid}.{next(_counter)}.{secrets.token_hex(4)}" if name is None else _checked_name(name)
+        room = _free_bytes()
+        if room is not None and size > room[0]:
+            raise _does_not_fit(name, size, "not enough free space")
         try:
-            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
         except posix_ipc.ExistentialError:
             raise SegmentError(f"shared-memory segment {name!r} already exists") from None
         with _owned_lock:
             _owned[name] = pid
         janitor.register(name)
         try:
+            try:
+                os.ftruncate(shm.fd, size)
+                # reserve the pages now: on a full /dev/shm this fails here (ENOSPC), where
+                # without it the first write to a page past the free space is a SIGBUS
+                os.posix_fallocate(shm.fd, 0, size)
+            except (OSError, OverflowError) as e:
+                raise _does_not_fit(name, size, getattr(e, "strerror", None) or str(e)) from None
             mm = mmap.mmap(shm.fd, size)
+        except BaseException:
+            _unlink(name)
+            with _owned_lock:
+                _owned.pop(name, None)
+            janitor.unregister(name)
+            raise
         finally:
             shm.close_fd()
         words = np.frombuffer(mm, dtype=np.int64)
@@ -168,11 +228,8 @@ class Segment:
     @classmethod
     def attach(cls, name: str, kind: str) -> "Segment":
         """Map an existing segment, checking that it is a shmpad segment of ``kind``."""
-        if not isinstance(name, str):
-            raise TypeError(f"segment name must be a str, got {type(name).__name__}")
+        name = _checked_name(name)
         _kind_word(kind)
-        if not name.startswith("/"):
-            name = "/" + name
         try:
             shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError:
@@ -205,7 +262,13 @@ class Segment:
             raise SegmentError(
                 f"segment {name!r} is damaged: header says {seg_size} bytes with data at {data_offset}, mapping has {size}"
             )
-        meta = json.loads(bytes(mm[HEADER_BYTES : HEADER_BYTES + meta_len]))
+        try:
+            meta = json.loads(bytes(mm[HEADER_BYTES : HEADER_BYTES + meta_len]).decode("utf-8"))
+            if not isinstance(meta, dict):
+                raise ValueError(f"a {type(meta).__name__}, not an object")
+        except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            mm.close()
+            raise SegmentError(f"segment {name!r} is damaged: its metadata is not a JSON object ({e})") from None
         return cls(name, mm, kind, meta, data_offset)
 
     @property

@@ -74,9 +74,10 @@ class TypedRing:
     """
 
     @classmethod
-    def create(cls, spec: Spec, capacity: int, multi: bool = False, name: str | None = None) -> "TypedRing":
-        """A ring of ``capacity`` slots shaped by ``spec``; ``multi`` allows many
-        producers and consumers (MPMC), otherwise exactly one of each (SPSC)."""
+    def create(cls, spec: Spec, capacity: int, multi: bool = True, name: str | None = None) -> "TypedRing":
+        """A ring of ``capacity`` slots shaped by ``spec``. ``multi=True`` (the default, as
+        for ``RingNode``) allows any number of producers and consumers (MPMC);
+        ``multi=False`` is the faster ring for exactly one of each (SPSC)."""
         fields = _normalise(spec)
         ring_cls = MPMCRing if multi else SPSCRing
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
@@ -280,7 +281,7 @@ class TypedRing:
     # -- shared ----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close for every process (see ``SPSCRing.close``)."""
+        """Close the ring for every process, from any handle (see ``SPSCRing.close``)."""
         self._ring.close()
 
     @property

@@ -52,6 +52,8 @@ from typing import Any, Mapping
 import numpy as np
 from numba import njit
 
+from shmpad._checks import check_int
+from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, SegmentError, Timeout
 from shmpad.ringbuf.atomics import (
     cpu_pause,
@@ -167,6 +169,18 @@ def _load_version(words, ctl):
 def _close_shared(words, ctl):
     store_release(words, ctl + _CLOSED // 8, 1)  # pairs with the CLOSED loads in readers and waiters
     notify_always(words, ctl + _EVENT // 8)
+
+
+_MAX_VERSION = (1 << 63) - 1
+
+
+def _version_arg(newer_than: Any) -> int:
+    """``newer_than`` as the kernels take it: None (no version yet) is -1."""
+    if newer_than is None:
+        return -1
+    if type(newer_than) is int and -_MAX_VERSION <= newer_than < _MAX_VERSION:
+        return newer_than  # the common case costs two comparisons
+    return check_int("newer_than", newer_than, -_MAX_VERSION, _MAX_VERSION - 1)
 
 
 @dataclass(frozen=True)
@@ -328,9 +342,9 @@ class WeightStore:
         return self._names
 
     @property
-    def spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Tensor name -> (shape, numpy dtype)."""
-        return {n: (self._shapes[n], self._dtypes[n]) for n in self._names}
+    def spec(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """Tensor name -> (numpy dtype, shape), in the order ``TypedRing.spec`` uses."""
+        return {n: (self._dtypes[n], self._shapes[n]) for n in self._names}
 
     @property
     def version(self) -> int:
@@ -353,8 +367,9 @@ class WeightStore:
         self._publishes += 1
         return int(v)
 
-    def pull(self, dst: Mapping[str, Any] | Any, newer_than: int = -1) -> int:
-        """Copy the latest version into ``dst`` in place if it is newer than ``newer_than``.
+    def pull(self, dst: Mapping[str, Any] | Any, newer_than: int | None = None) -> int:
+        """Copy the latest version into ``dst`` in place if it is newer than ``newer_than``
+        (None, the default: the caller has no version yet, so any published one is newer).
 
         ``dst`` is a dict of writable numpy arrays or torch tensors (any device), or an
         nn.Module (its state dict), with exactly the store's names, shapes and dtypes;
@@ -363,6 +378,7 @@ class WeightStore:
         is copied. Never waits for the writer: a copy the writer overtook is retried.
         """
         self._segment()
+        newer_than = _version_arg(newer_than)
         v, b, s = _read_begin(self._words, self._ctl, newer_than)
         if b == _NOTHING_NEWER:
             return int(v)  # the cheap poll: one kernel call; ``dst`` is not even looked at
@@ -390,20 +406,21 @@ class WeightStore:
             v, b, s = _read_begin(self._words, self._ctl, newer_than)
         return int(v)
 
-    def pull_arrays(self, newer_than: int = -1) -> tuple[int, dict[str, np.ndarray] | None]:
+    def pull_arrays(self, newer_than: int | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
         """``(version, fresh numpy copies)``, or ``(version, None)`` when nothing newer
-        than ``newer_than`` was published."""
+        than ``newer_than`` (None: no version yet) was published."""
+        newer_than = _version_arg(newer_than)
         arrays = {n: np.empty(self._shapes[n], self._dtypes[n]) for n in self._names}
         v = self.pull(arrays, newer_than)
         return v, (arrays if v > newer_than and v > 0 else None)
 
-    def wait_for_version(self, newer_than: int = 0, timeout: float | None = None) -> int:
+    def wait_for_version(self, newer_than: int | None = None, timeout: float | None = None) -> int:
         """Block (spin briefly, then sleep on a futex) until a version newer than
-        ``newer_than`` (and than 0) is published; returns it. Raises ``Timeout`` after
-        ``timeout`` seconds and ``Closed`` if the store is closed."""
+        ``newer_than`` (None: no version yet) and than 0 is published; returns it. Raises
+        ``Timeout`` after ``timeout`` seconds and ``Closed`` if the store is closed."""
         self._segment()
-        newer_than = max(newer_than, 0)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        newer_than = max(_version_arg(newer_than), 0)
+        deadline = _deadline(timeout)
         while True:
             left = _SLEEP_SLICE if deadline is None else min(_SLEEP_SLICE, max(deadline - time.monotonic(), 0.0))
             r = _wait_newer(self._words, self._ctl, newer_than, int(left * 1e9))
