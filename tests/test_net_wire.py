@@ -1,5 +1,5 @@
 """shmpad.net.wire: the handshake both ways, every kind of bad input refused with a log
-line (and nothing unpickled), tensors round-tripping, addresses and tokens.
+line (and nothing unpickled), addresses and tokens.
 
 The ``send_*`` functions are attacks on a listening endpoint; ``test_net_broker`` aims
 them at a broker in a process of its own.
@@ -12,10 +12,8 @@ import os
 import pickle
 import queue
 import socket
-import struct
 import threading
 
-import numpy as np
 import pytest
 
 from helpers import wait_until
@@ -366,77 +364,6 @@ def test_recv_json_refuses_deeply_nested_json_with_a_log_line(json_listener, log
     port = send_frame_bytes(json_listener.address, TOKEN, _raw_frame(wire.Kind.CONTROL, b"[" * 200000))
     assert "nests its JSON deeper" in log_line(logs, "closing connection from", port)
     assert isinstance(json_listener.outcomes.get(timeout=5), FrameError)
-
-
-# ---------------------------------------------------------------- tensors
-
-DTYPES = [np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
-          np.uint8, np.uint16, np.uint32, np.uint64, np.bool_]
-SHAPES = [(), (0,), (3, 0, 2), (7,), (2, 3, 4)]
-
-
-def _sample(dtype, shape) -> np.ndarray:
-    values = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
-    return (values % 2).astype(dtype) if dtype is np.bool_ else (values * 3 - 5).astype(dtype)
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_tensor_encode_decode(dtype, shape):
-    array = _sample(dtype, shape)
-    meta, data = wire.encode_tensor(array)
-    back = wire.decode_tensor(meta + bytes(data))
-    assert back.dtype == array.dtype and back.shape == array.shape
-    np.testing.assert_array_equal(back, array)
-
-
-@pytest.mark.parametrize(
-    "array",
-    [np.arange(24, dtype=np.float32).reshape(4, 6)[::2, 1::2], np.arange(5, dtype=">i4"), np.array(2.5, dtype=">f8")],
-    ids=["strided", "big-endian", "big-endian-0d"],
-)
-def test_tensor_layouts_travel_as_values(array):
-    meta, data = wire.encode_tensor(array)
-    back = wire.decode_tensor(meta + bytes(data))
-    assert back.shape == array.shape and back.dtype == array.dtype.newbyteorder("=")
-    np.testing.assert_array_equal(back, array)
-
-
-def test_tensors_over_a_connection(listener):
-    with auth.connect(listener.address, TOKEN) as conn:
-        for i, (dtype, shape) in enumerate((d, s) for d in DTYPES for s in SHAPES):
-            array = _sample(dtype, shape)
-            conn.send_tensor(array, tag=i)
-            frame = conn.recv()
-            assert frame.tag == i
-            back = frame.tensor()
-            assert back.dtype == array.dtype and back.shape == array.shape
-            np.testing.assert_array_equal(back, array)
-
-
-@pytest.mark.parametrize(
-    "payload, message",
-    [
-        (b"\x00", "shorter than its 2-byte header"),
-        (bytes([12, 0]), "dtype code 12 is unknown"),
-        (bytes([0, 17]), "claims 17 dimensions, at most 16"),
-        (bytes([0, 2]) + bytes(8), "shorter than its 18-byte header"),
-        (struct.pack("<BBQ", 0, 1, 3) + bytes(8), r"says float32 \(3,\) \(12 bytes\) but 8 bytes follow"),
-        (struct.pack("<BBQ", 0, 1, 1 << 62) + bytes(4), "but 4 bytes follow"),
-        (struct.pack("<BBQQ", 0, 2, (1 << 64) - 1, 0), "says float32"),
-    ],
-    ids=["short", "dtype", "ndim", "short-shape", "size-mismatch", "huge", "huge-empty"],
-)
-def test_decode_tensor_rejects_bad_headers(payload, message):
-    with pytest.raises(FrameError, match=message):
-        wire.decode_tensor(payload)
-
-
-def test_encode_tensor_rejects_what_cannot_travel():
-    with pytest.raises(TypeError, match="tensor dtype complex64 cannot travel; allowed: float32"):
-        wire.encode_tensor(np.zeros(2, np.complex64))
-    with pytest.raises(ValueError, match="tensor has 17 dimensions, at most 16"):
-        wire.encode_tensor(np.zeros((1,) * 17, np.float32))
 
 
 # ---------------------------------------------------------------- addresses and tokens

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import traceback
 from typing import Sequence
 
 from shmpad.launch import context
@@ -55,7 +54,6 @@ class MultiThreadingColocation(PyNode):
             try:
                 node.run()
             except BaseException as e:  # noqa: BLE001 - re-raised by the colocation
-                e.__shmpad_traceback__ = traceback.format_exc()
                 with done:
                     errors.append(e)
             finally:

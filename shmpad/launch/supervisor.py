@@ -541,7 +541,7 @@ class WorkerManager:
     def _finish(self) -> None:
         for node in self._nodes:
             try:
-                node.release()
+                node.free()
             except Exception:
                 traceback.print_exc()
         for w in self._workers:

@@ -19,13 +19,12 @@ session key (derived from the token and both nonces) of its sequence number on t
 connection, its header and its payload; the receiver checks it before handing the
 payload on. Bytes injected into an authenticated connection by someone on the path
 therefore can never reach an unpickler, and a replayed or reordered frame is
-refused. (Tensor, control and byte frames carry no tag: their worst case is wrong
+refused. (Control and byte frames carry no tag: their worst case is wrong
 data, not code execution, and hashing would cost allreduce half its bandwidth.)
 
 Payload kinds: ``CONTROL`` is a JSON object (UTF-8, at most ``MAX_CONTROL`` bytes);
-``TENSOR`` is a tensor header (dtype code u8, ndim u8, ndim x u64 shape) followed by
-the raw bytes, sent straight from the array's memory and received straight into a
-preallocated one when the caller has it; ``BYTES`` is opaque; ``PICKLE`` is a pickle
+``BYTES`` is opaque (allreduce sends arrays as bytes straight from their memory and
+receives them straight into place, with ``recv_into``); ``PICKLE`` is a pickle
 that only an authenticated connection may decode (and only the layers that need
 objects do: cross-host RPC).
 """
@@ -43,7 +42,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from shmpad.errors import FrameError
 
@@ -52,8 +50,6 @@ __all__ = [
     "Connection",
     "Frame",
     "Kind",
-    "decode_tensor",
-    "encode_tensor",
     "parse_address",
 ]
 
@@ -64,34 +60,19 @@ FRAME_MAGIC = b"SHPF"
 MAC = 32
 HEADER = struct.Struct("<4sBBHQQ")  # 24 B
 
-MAX_FRAME = 256 << 20  # default bound of one frame's payload; tensors travel in chunks below it
+MAX_FRAME = 256 << 20  # default bound of one frame's payload; allreduce sends its arrays in chunks below it
 MAX_CONTROL = 1 << 20
 
 
 
 class Kind(enum.IntEnum):
     CONTROL = 1
-    TENSOR = 2
+    # 2 was TENSOR (a dtype/shape header, then the bytes): nothing sent it, so it went;
+    # the number stays unused, so an old peer's frame of that kind is refused as unknown
     BYTES = 3
     PICKLE = 4
 
 
-_DTYPES = [
-    np.dtype(np.float32),
-    np.dtype(np.float64),
-    np.dtype(np.float16),
-    np.dtype(np.int8),
-    np.dtype(np.int16),
-    np.dtype(np.int32),
-    np.dtype(np.int64),
-    np.dtype(np.uint8),
-    np.dtype(np.uint16),
-    np.dtype(np.uint32),
-    np.dtype(np.uint64),
-    np.dtype(np.bool_),
-]
-_DTYPE_CODE = {dt: i for i, dt in enumerate(_DTYPES)}
-MAX_NDIM = 16
 
 
 # ---------------------------------------------------------------- addresses
@@ -124,57 +105,6 @@ def parse_address(address: str | tuple[str, int], default_port: int | None = Non
     return host, port
 
 
-# ---------------------------------------------------------------- tensors
-
-
-def encode_tensor(array: np.ndarray) -> tuple[bytes, memoryview]:
-    """The tensor header and a view of the array's bytes (no copy for a contiguous array)."""
-    array = np.asarray(array)
-    if array.dtype.byteorder == ">":  # the wire is little endian: swap the bytes, not just the label
-        array = array.astype(array.dtype.newbyteorder("<"))
-    if not array.flags.c_contiguous:  # not np.ascontiguousarray: it turns a 0-d array into 1-d
-        array = array.copy(order="C")
-    code = _DTYPE_CODE.get(array.dtype)
-    if code is None:
-        allowed = ", ".join(str(d) for d in _DTYPES)
-        raise TypeError(f"tensor dtype {array.dtype} cannot travel; allowed: {allowed}")
-    if array.ndim > MAX_NDIM:
-        raise ValueError(f"tensor has {array.ndim} dimensions, at most {MAX_NDIM} can travel")
-    meta = struct.pack(f"<BB{array.ndim}Q", code, array.ndim, *array.shape)
-    return meta, memoryview(array.reshape(-1).view(np.uint8))
-
-
-def decode_tensor(payload: bytes | bytearray | memoryview) -> np.ndarray:
-    """The array a ``TENSOR`` payload describes (a view of ``payload``, no copy).
-
-    Raises ``FrameError`` if the header is malformed or does not match the bytes that follow."""
-    view = memoryview(payload)
-    if len(view) < 2:
-        raise FrameError(f"tensor payload of {len(view)} bytes is shorter than its 2-byte header")
-    code, ndim = view[0], view[1]
-    if code >= len(_DTYPES):
-        raise FrameError(f"tensor dtype code {code} is unknown (0..{len(_DTYPES) - 1} allowed)")
-    if ndim > MAX_NDIM:
-        raise FrameError(f"tensor claims {ndim} dimensions, at most {MAX_NDIM} allowed")
-    head = 2 + 8 * ndim
-    if len(view) < head:
-        raise FrameError(f"tensor payload of {len(view)} bytes is shorter than its {head}-byte header")
-    shape = struct.unpack_from(f"<{ndim}Q", view, 2)
-    dtype = _DTYPES[code]
-    count = 1
-    for n in shape:
-        count *= n
-    if count * dtype.itemsize != len(view) - head:
-        raise FrameError(
-            f"tensor header says {dtype} {tuple(shape)} ({count * dtype.itemsize} bytes) "
-            f"but {len(view) - head} bytes follow"
-        )
-    try:
-        return np.frombuffer(view[head:], dtype=dtype).reshape(shape)
-    except ValueError as e:  # an empty tensor whose other dimensions numpy cannot index
-        raise FrameError(f"tensor header says {dtype} {tuple(shape)}: {e}") from None
-
-
 # ---------------------------------------------------------------- connections
 
 
@@ -203,10 +133,6 @@ class Frame:
             raise FrameError(f"CONTROL frame must hold a JSON object, got {type(value).__name__}")
         return value
 
-    def tensor(self) -> np.ndarray:
-        if self.kind != Kind.TENSOR:
-            raise FrameError(f"expected a TENSOR frame, got kind {self.kind}")
-        return decode_tensor(self.payload)
 
 
 class Connection:
@@ -263,10 +189,6 @@ class Connection:
         if len(data) > MAX_CONTROL:
             raise FrameError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL} bytes")
         self.send(Kind.CONTROL, data, tag=tag, flags=flags)
-
-    def send_tensor(self, array: np.ndarray, tag: int = 0, flags: int = 0) -> None:
-        meta, data = encode_tensor(array)
-        self.send(Kind.TENSOR, meta, data, tag=tag, flags=flags)
 
     def _sendall(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]

@@ -58,11 +58,8 @@ class Node:
     def on_stop(self) -> None:
         """The program is stopping: wake whoever waits on this node's resources."""
 
-    def release(self) -> None:
-        """The program has ended: free this node's resources."""
-
     def free(self) -> None:
-        """Remove this node's resources (also when a launch fails half-way)."""
+        """The program has ended, or its launch failed half-way: remove this node's resources."""
 
 
 def map_handles(fn: Callable[[Handle], Any], obj: Any) -> Any:

@@ -256,9 +256,6 @@ class CourierNode(PyClassNode):
             # gets Closed instead of waiting for a server that will not come
             MPMCRing.attach(self._ring.name).close()
 
-    def release(self) -> None:
-        self.free()
-
     def free(self) -> None:
         if self._ring is not None:
             self._ring.close()

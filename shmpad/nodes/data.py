@@ -58,9 +58,6 @@ class _SegmentNode(Node):
         if self._owner is not None:
             self._close_shared()
 
-    def release(self) -> None:
-        self.free()
-
     def free(self) -> None:
         if self._owner is not None:
             self._owner.close()
