@@ -199,3 +199,57 @@ def test_no_byte_of_a_registered_name_makes_the_janitor_unlink_another_segment()
             child.kill()
             child.wait(DEADLINE_S)
         posix_ipc.unlink_shared_memory("/" + victim)
+
+
+# -- the non-blocking rule: X_nowait raises WouldBlock, X(timeout=...) raises Timeout ----
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_every_blocking_call_of_a_byte_ring_has_a_nowait_twin(multi):
+    from shmpad import WouldBlock
+
+    ring = (MPMCRing if multi else SPSCRing).create(2, 16)
+    try:
+        out = bytearray(16)
+        for call in (ring.get_nowait, ring.get_bytes_nowait, lambda: ring.get_into_nowait(out), lambda: ring.get_many_nowait(2)):
+            with pytest.raises(WouldBlock):
+                call()
+        ring.put_many_nowait([b"a", b"b"])
+        with pytest.raises(WouldBlock):
+            ring.put_nowait(b"c")
+        with pytest.raises(WouldBlock):
+            ring.reserve_nowait(4)
+        with pytest.raises(WouldBlock, match="1 of 2"):
+            ring.get_bytes()  # make one slot free again: then put_many_nowait puts one and says so
+            ring.put_many_nowait([b"c", b"d"])
+        with pytest.raises(Timeout):
+            ring.put(b"e", timeout=0)
+        assert ring.get_into_nowait(out) == 1 and bytes(out[:1]) == b"b"
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_every_blocking_call_of_a_typed_ring_has_a_nowait_twin(multi):
+    from shmpad import WouldBlock
+
+    ring = TypedRing.create({"x": (np.int64, ())}, 2, multi=multi)
+    try:
+        with pytest.raises(WouldBlock):
+            ring.get_nowait()
+        with pytest.raises(WouldBlock):
+            ring.get_batch_nowait(1)
+        ring.put_nowait({"x": 1})
+        slot = ring.reserve_nowait()
+        slot["x"][...] = 2
+        ring.commit()
+        with pytest.raises(WouldBlock):
+            ring.put_nowait({"x": 3})
+        with pytest.raises(WouldBlock):
+            ring.reserve_nowait()
+        with pytest.raises(Timeout):
+            ring.put({"x": 3}, timeout=0)
+        assert ring.get_batch_nowait(2)["x"].tolist() == [1, 2]
+        ring.release()
+    finally:
+        ring.close()

@@ -10,8 +10,9 @@ from numba import typeof
 
 from shmpad._checks import check_int as _check_int
 from shmpad._checks import deadline
+from shmpad.errors import Timeout, WouldBlock
 
-__all__ = ["check_timeout", "check_int", "as_u8", "rows_u8", "fast_entry"]
+__all__ = ["check_timeout", "check_int", "as_u8", "rows_u8", "fast_entry", "nowait"]
 
 
 def check_timeout(timeout: Any) -> float | None:
@@ -49,3 +50,13 @@ def fast_entry(dispatcher, *example_args):
     dispatcher.compile(sig)
     cres = dispatcher.overloads.get(sig)
     return getattr(cres, "entry_point", None) or dispatcher
+
+
+def nowait(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, timeout=0, **kwargs)``, raising ``WouldBlock`` where it would raise
+    ``Timeout``: the ``X_nowait`` twin of a blocking ``X`` (trio's rule: ``X_nowait``
+    raises ``WouldBlock``, ``X(timeout=...)`` raises ``Timeout``)."""
+    try:
+        return call(*args, timeout=0, **kwargs)
+    except Timeout as e:
+        raise WouldBlock(str(e)) from None

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
-from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, rows_u8
+from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, nowait, rows_u8
 from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire, store_release
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
@@ -288,6 +288,15 @@ class ByteRing:
                     raise Timeout(f"put_many timed out after {timeout} s with {done} of {total} messages put") from None
                 counter = -1
 
+    def put_many_nowait(self, messages: Sequence[Any] | np.ndarray) -> None:
+        """``put_many`` that raises ``WouldBlock`` (saying how many were put) instead of
+        waiting for space."""
+        nowait(self.put_many, messages)
+
+    def reserve_nowait(self, n: int) -> memoryview:
+        """``reserve`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
+        return nowait(self.reserve, n)
+
     def reserve(self, n: int, timeout: float | None = None) -> memoryview:
         """A writable view of a free slot for ``n`` bytes, written in place; ``commit()``
         publishes it. One reservation at a time per ring handle."""
@@ -410,6 +419,10 @@ class ByteRing:
         else:
             self._release(self._ctl, slot, 1)
         return data
+
+    def get_into_nowait(self, out: Any) -> int:
+        """``get_into`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
+        return nowait(self.get_into, out)
 
     def get_many(self, max_n: int, timeout: float | None = None) -> MessageBatch:
         """Between 1 and ``max_n`` messages from consecutive slots, without a copy,

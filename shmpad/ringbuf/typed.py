@@ -27,7 +27,7 @@ import numpy as np
 from shmpad.errors import SegmentError, Timeout
 from shmpad.ringbuf.layout import round_up
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.args import check_timeout
+from shmpad.ringbuf.args import check_timeout, nowait
 from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing
 from shmpad.ringbuf.statistics import RingStatistics
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
@@ -163,6 +163,14 @@ class TypedRing:
         slot, self._reserved = self._reserved, -1
         self._ring.kernels.commit(self._ring._ctl, slot, self.item_bytes)
 
+    def reserve_nowait(self) -> dict[str, np.ndarray]:
+        """``reserve`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
+        return nowait(self.reserve)
+
+    def put_nowait(self, item: Mapping[str, Any]) -> None:
+        """``put`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
+        nowait(self.put, item)
+
     def put(self, item: Mapping[str, Any], timeout: float | None = None) -> None:
         """Copy ``item`` (a value for every field, of the field's shape) into a slot."""
         self._check_item(item)
@@ -215,6 +223,11 @@ class TypedRing:
         else:
             self._carry[0] = (slot + 1, k - 1)
         return slot
+
+    def get_batch_nowait(self, batch_size: int, torch: bool = False) -> dict[str, Any]:
+        """``get_batch`` that raises ``WouldBlock`` instead of waiting for ``batch_size`` items
+        (the items it took are kept for the next call, as after a ``Timeout``)."""
+        return nowait(self.get_batch, batch_size, torch=torch)
 
     def get_batch(self, batch_size: int, timeout: float | None = None, torch: bool = False) -> dict[str, Any]:
         """Exactly ``batch_size`` items as ``[B, ...]`` arrays, valid until ``release()``.

@@ -417,7 +417,8 @@ class WeightStore:
     def wait_for_version(self, newer_than: int | None = None, timeout: float | None = None) -> int:
         """Block (spin briefly, then sleep on a futex) until a version newer than
         ``newer_than`` (None: no version yet) and than 0 is published; returns it. Raises
-        ``Timeout`` after ``timeout`` seconds and ``Closed`` if the store is closed."""
+        ``Timeout`` after ``timeout`` seconds and ``Closed`` if the store is closed. It has
+        no ``_nowait`` twin because ``version`` and ``pull`` already never wait."""
         self._segment()
         newer_than = max(_version_arg(newer_than), 0)
         deadline = _deadline(timeout)
