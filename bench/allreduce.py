@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import multiprocessing.connection
 import os
-import signal
 import statistics
 import sys
 import time
@@ -37,8 +36,8 @@ from time import perf_counter
 import numpy as np
 
 from bench.cli import parser_for
-from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end
-from bench.report import fmt_ratio, print_failures, verdict
+from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, run_main
+from bench.report import finish, fmt_ratio, verdict
 from bench.subject import Subject, available, select
 
 TOKEN = "bench-allreduce"
@@ -403,23 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(results, subjects, peer_counts, sizes, args)
         out = sys.stdout
-    print(file=out)
-    print(f"Targets: shmpad >= {TARGET_RATIO:g}x gloo's GB/s at 16 and 64 MB", file=out)
-    for line in targets(results, peer_counts, sizes):
-        print(line, file=out)
-    print_failures(failures, file=out)
-    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return 1 if failures else 0
-
-
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds through measure()'s finally, which kills the workers
+    target = f"shmpad >= {TARGET_RATIO:g}x gloo's GB/s at 16 and 64 MB"
+    return finish(target, targets(results, peer_counts, sizes), failures, started, out)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\nbench.allreduce: interrupted; every worker was killed", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "bench.allreduce")

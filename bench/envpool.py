@@ -44,10 +44,11 @@ import platform
 import statistics
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
+
+from bench.harness import MeasurementFailed, MeasurementSkipped, in_own_tree
 
 SUBJECTS = ("ceiling", "gym-async", "envpool", "ale-vector", "shmpad-random", "shmpad-impala-cpu")
 
@@ -347,46 +348,14 @@ RUNNERS = {
 
 
 def measure(subject: str, args: Args) -> tuple[float | None, dict | str]:
-    """(frames/s, details) of one measurement in a forked child, or (None, why) on failure."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        try:
-            os.setpgid(0, 0)  # its own group: the parent can end the whole tree
-            rate, details = RUNNERS[subject](args)
-            out = json.dumps({"ok": True, "rate": rate, "details": details})
-        except ImportError as e:
-            out = json.dumps({"ok": False, "skip": True, "why": f"not installed ({e})"})
-        except BaseException:  # noqa: BLE001 - reported in the table
-            out = json.dumps({"ok": False, "skip": False, "why": traceback.format_exc(limit=3)})
-        os.write(write_fd, out.encode())
-        os._exit(0)
-    os.close(write_fd)
-    deadline = time.monotonic() + args.warmup + args.seconds + 120
-    chunks = []
-    os.set_blocking(read_fd, False)
-    import select
-
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([read_fd], [], [], 1.0)
-        if ready:
-            chunk = os.read(read_fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.close(read_fd)
+    """(frames/s, details) of one measurement in a process tree of its own, or (None, why)."""
     try:
-        os.killpg(pid, 9)  # whatever of the tree is left
-    except (ProcessLookupError, PermissionError):
-        pass
-    os.waitpid(pid, 0)
-    if not chunks:
-        return None, "no result before the deadline (killed)"
-    result = json.loads(b"".join(chunks))
-    if result["ok"]:
-        return result["rate"], result["details"]
-    return None, ("skipped: " if result["skip"] else "failed: ") + result["why"]
+        rate, details = in_own_tree(lambda: RUNNERS[subject](args), args.warmup + args.seconds + 120)
+    except MeasurementSkipped as e:
+        return None, f"skipped: {e}"
+    except MeasurementFailed as e:
+        return None, f"failed: {e}"
+    return rate, details
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,17 +5,13 @@ backward, gradient clipping and optimiser step; the batch is built once as
 time-major ``[T+1, B, ...]`` tensors). ``ring``: ``Learner.step()`` fed from a
 ``TypedRing`` that a forked producer keeps full with copies of one prepared unroll,
 publishing to a ``WeightStore`` after each update, as in the real program. Each
-runs ``LEARNER_SECONDS`` s in its own forked process (``in_child``).
+runs ``LEARNER_SECONDS`` s in a process tree of its own (``bench.harness.in_own_tree``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import select
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +25,7 @@ from learners.learner import Learner
 from learners.loss import impala_loss
 from shmpad.ringbuf import TypedRing, WeightStore
 
-__all__ = ["LEARNER_SECONDS", "LEARNER_SUBJECTS", "in_child"]
+__all__ = ["LEARNER_SECONDS", "LEARNER_SUBJECTS"]
 
 LEARNER_SECONDS = 4.0
 """counted seconds of each learner measurement (after WARMUP_UPDATES)"""
@@ -147,36 +143,3 @@ def _fork_producer(ring_name: str, unroll: dict[str, np.ndarray]) -> int:
 
 
 LEARNER_SUBJECTS = {"bare": _bare_loop, "ring": _ring_learner}
-
-
-def in_child(fn: Callable[[], dict], timeout: float) -> dict:
-    """``fn()`` in a forked process tree of its own; its result, or RuntimeError with its traceback."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        try:
-            os.setpgid(0, 0)  # its own group: the parent can end the whole tree
-            out = json.dumps({"ok": True, "result": fn()})
-        except BaseException:  # noqa: BLE001 - raised in the parent
-            out = json.dumps({"ok": False, "why": traceback.format_exc()})
-        os.write(write_fd, out.encode())
-        os._exit(0)
-    os.close(write_fd)
-    chunks, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([read_fd], [], [], 1.0)[0]:
-            chunk = os.read(read_fd, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    os.close(read_fd)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, 9)  # whatever of the tree is left
-    os.waitpid(pid, 0)
-    if not chunks:
-        raise RuntimeError(f"the measurement gave no result within {timeout:.0f} s (killed)")
-    result = json.loads(b"".join(chunks))
-    if not result["ok"]:
-        raise RuntimeError(f"the measurement failed:\n{result['why']}")
-    return result["result"]

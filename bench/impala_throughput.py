@@ -51,7 +51,8 @@ from typing import Any
 import shmpad as lp
 from actors import frames_per_step
 from bench import impala
-from bench.impala_learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS, in_child
+from bench.harness import in_own_tree
+from bench.impala_learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS
 from shmpad.ringbuf import janitor
 
 __all__ = ["run", "main"]
@@ -79,7 +80,7 @@ def run(args: Any) -> dict:
     bare, ring, per_round = [], [], []
     for r in range(ROUNDS):
         order = ("bare", "ring") if r % 2 == 0 else ("ring", "bare")
-        got = {name: in_child(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120) for name in order}
+        got = {name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120) for name in order}
         bare.append(got["bare"])
         ring.append(got["ring"])
         per_round.append(got["ring"]["updates_per_s"] / got["bare"]["updates_per_s"])

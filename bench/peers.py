@@ -147,14 +147,11 @@ def receive_until_ends(recv: Callable[[], bytes], plan: Plan) -> Tally:
     return Tally(received, received - first, t_first, t_last, intact)
 
 
-class MpQueue(Subject):
-    name = "mp-queue"
-    family = "peer"
-    reads = "Queue.get() -> bytes (unpickled copy); producers Queue.put(bytes) (feeder thread pickles)"
+class _Queue(Subject):
+    """A peer with one queue (``self._queue``) that every producer puts into and the
+    consumer gets from, ``put(bytes)`` / ``get() -> bytes``."""
 
-    def __init__(self, plan: Plan):
-        super().__init__(plan)
-        self._queue = FORK.Queue(maxsize=plan.capacity)
+    family = "peer"
 
     def produce(self, index: int) -> int:
         sent = send_for(self._queue.put, self.plan.message(), self.plan)
@@ -163,6 +160,15 @@ class MpQueue(Subject):
 
     def consume(self) -> Tally:
         return receive_until_ends(self._queue.get, self.plan)
+
+
+class MpQueue(_Queue):
+    name = "mp-queue"
+    reads = "Queue.get() -> bytes (unpickled copy); producers Queue.put(bytes) (feeder thread pickles)"
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan)
+        self._queue = FORK.Queue(maxsize=plan.capacity)
 
     def close(self) -> None:
         self._queue.close()
@@ -216,9 +222,8 @@ class MpPipe(Subject):
             w.close()
 
 
-class FasterFifo(Subject):
+class FasterFifo(_Queue):
     name = "faster-fifo"
-    family = "peer"
     reads = "Queue.get() -> bytes (unpickled copy); producers Queue.put(bytes)"
 
     def __init__(self, plan: Plan):
@@ -228,14 +233,6 @@ class FasterFifo(Subject):
         # Pickling adds a few dozen bytes per message.
         max_bytes = max(1 << 20, plan.capacity * (plan.size + 128))
         self._queue = faster_fifo.Queue(max_size_bytes=max_bytes, maxsize=plan.capacity)
-
-    def produce(self, index: int) -> int:
-        sent = send_for(self._queue.put, self.plan.message(), self.plan)
-        self._queue.put(END)
-        return sent
-
-    def consume(self) -> Tally:
-        return receive_until_ends(self._queue.get, self.plan)
 
     def close(self) -> None:
         self._queue.close()

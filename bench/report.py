@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["fmt_rate", "fmt_ratio", "print_failures", "verdict"]
+import sys
+import time
+from collections.abc import Iterable
+
+__all__ = ["finish", "fmt_rate", "fmt_ratio", "print_failures", "verdict"]
 
 
 def fmt_rate(x: float | None) -> str:
@@ -31,3 +35,20 @@ def print_failures(failures: list[str], file) -> None:
 def verdict(passed: bool | None) -> str:
     """PASS or FAIL for a target, ``n/a `` (as wide) when nothing was measured."""
     return "n/a " if passed is None else ("PASS" if passed else "FAIL")
+
+
+def finish(
+    targets: str, verdicts: Iterable[str], failures: list[str], started: float, out, notes: Iterable[str] = ()
+) -> int:
+    """A benchmark's last words: its notes, its targets with a verdict line each, the
+    measurements that failed, the time it took; returns its exit status (1 when a
+    measurement failed)."""
+    print(file=out)
+    for note in notes:
+        print(f"Note: {note}", file=out)
+    print(f"Targets: {targets}", file=out)
+    for line in verdicts:
+        print(line, file=out)
+    print_failures(failures, file=out)
+    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 1 if failures else 0

@@ -60,9 +60,9 @@ from typing import ClassVar
 import numpy as np
 
 from bench.cli import parser_for
-from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing
+from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing, run_main
 from bench.peers import END, PEERS, Plan, Subject, Tally, idler, receive_until_ends, send_for
-from bench.report import fmt_rate, fmt_ratio, print_failures, verdict
+from bench.report import finish, fmt_rate, fmt_ratio, verdict
 from bench.subject import available, select
 
 KIB = 1 << 10
@@ -694,18 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_tables(results, subjects, sizes, producer_counts, args)
         out = sys.stdout
-    print(file=out)
-    print(f"Targets: {TARGETS}", file=out)
-    for line in targets(results, subjects, sizes, producer_counts):
-        print(line, file=out)
-    print_failures(failures, file=out)
-    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return 1 if failures else 0
+    return finish(TARGETS, targets(results, subjects, sizes, producer_counts), failures, started, out)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\nbench.ringbuf: interrupted; every child was killed", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "bench.ringbuf")

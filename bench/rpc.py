@@ -42,7 +42,6 @@ import functools
 import importlib.util
 import json
 import multiprocessing.connection
-import signal
 import statistics
 import sys
 import time
@@ -54,8 +53,8 @@ from typing import NamedTuple
 import numpy as np
 
 from bench.cli import parser_for
-from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing
-from bench.report import fmt_rate, fmt_ratio, print_failures, verdict
+from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing, run_main
+from bench.report import finish, fmt_rate, fmt_ratio, verdict
 from bench.rpc_subjects import (
     FLOOR,
     PEERS,
@@ -487,25 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_tables(results, subjects, modes, args)
         out = sys.stdout
-    print(file=out)
-    for note in notes:
-        print(f"Note: {note}", file=out)
-    print(f"Targets: {TARGETS}", file=out)
-    for line in targets(results, subjects, modes):
-        print(line, file=out)
-    print_failures(failures, file=out)
-    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return 1 if failures else 0
-
-
-def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds through measure()'s finally, which kills the children
+    return finish(TARGETS, targets(results, subjects, modes), failures, started, out, notes)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\nbench.rpc: interrupted; every child was killed", file=sys.stderr)
-        sys.exit(130)
+    run_main(main, "bench.rpc")

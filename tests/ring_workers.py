@@ -6,8 +6,10 @@ single-process tests.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -133,6 +135,20 @@ def take_and_hold(ring, k: int, conn) -> None:
 def attach_and_consume(ring_cls, name: str, how: str):
     """``consume`` through a handle attached by name, as a consumer started afresh would."""
     return consume(ring_cls.attach(name), how, 0)
+
+
+@contextlib.contextmanager
+def forked_children(ring, signal_r) -> Iterator[list[Forked]]:
+    """The children a fault test forks, in a list it appends to: however the test ends,
+    every child is killed and the test's signal pipe and ring are closed."""
+    children: list[Forked] = []
+    try:
+        yield children
+    finally:
+        for child in children:
+            child.kill()
+        signal_r.close()
+        ring.close()
 
 
 def wait_while_progressing(ring, children: list[Forked]) -> None:

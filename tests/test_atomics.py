@@ -333,36 +333,20 @@ def test_float_value_fails_to_compile_with_type_error(make):
 N_PROCS = 4
 
 
-def test_fetch_add_is_exact_across_forked_processes(make_segment):
-    per_proc = 1_000_000
+@pytest.mark.parametrize(("loop", "per_proc"), [(_fetch_add_loop, 1_000_000), (_cas_loop, 200_000)], ids=["fetch_add", "cas"])
+def test_counters_are_exact_across_forked_processes(make_segment, loop, per_proc):
     seg = make_segment(data_bytes=4096)
     words = seg.words
     counter = seg.data_offset // 8
     checksum = counter + 8  # another cache line
     gate = counter + 16
-    _fetch_add_loop(np.zeros(3, np.int64), 0, 1, 1, 2, 1)  # compile before forking
+    loop(np.zeros(3, np.int64), 0, 1, 1, 2, 1)  # compile before forking
 
-    _run_forked(_fetch_add_loop, [(words, counter, per_proc, checksum, gate, N_PROCS)] * N_PROCS, timeout=60)
+    _run_forked(loop, [(words, counter, per_proc, checksum, gate, N_PROCS)] * N_PROCS, timeout=60)
 
     total = N_PROCS * per_proc
     assert words[counter] == total
     # Every increment saw a distinct old value 0 .. total-1.
-    assert words[checksum] == total * (total - 1) // 2
-
-
-def test_cas_counter_is_exact_across_forked_processes(make_segment):
-    per_proc = 200_000
-    seg = make_segment(data_bytes=4096)
-    words = seg.words
-    counter = seg.data_offset // 8
-    checksum = counter + 8  # another cache line
-    gate = counter + 16
-    _cas_loop(np.zeros(3, np.int64), 0, 1, 1, 2, 1)  # compile before forking
-
-    _run_forked(_cas_loop, [(words, counter, per_proc, checksum, gate, N_PROCS)] * N_PROCS, timeout=60)
-
-    total = N_PROCS * per_proc
-    assert words[counter] == total
     assert words[checksum] == total * (total - 1) // 2
 
 

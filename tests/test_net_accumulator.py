@@ -24,13 +24,20 @@ from shmpad.net import Accumulator
 from shmpad.net import Broker
 
 
-def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
+def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[BrokerProcess, list[Peer]]:
+    """A broker and ``size`` peers named ``<prefix><i>`` (ended by the ``procs`` fixture),
+    once each has taken ``steps`` steps in a group of ``size``."""
     broker = BrokerProcess()
     procs.append(broker)
-    peers = [Peer(broker.address, f"p{i}") for i in range(3)]
+    peers = [Peer(broker.address, f"{prefix}{i}", *peer_args) for i in range(size)]
     procs.extend(peers)
     for p in peers:
-        p.wait(lambda p: len(p.steps_with(3)) >= 10, 60, "10 steps in a group of 3")
+        p.wait(lambda p: len(p.steps_with(size)) >= steps, 60, f"{steps} steps in a group of {size}")
+    return broker, peers
+
+
+def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
+    broker, peers = _group(procs, "p", 3, 10)
     late = Peer(broker.address, "late")
     procs.append(late)
     late.wait(lambda p: len(p.steps_with(4)) >= 5, 60, "5 steps in a group of 4")
@@ -43,12 +50,7 @@ def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
 
 
 def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
-    broker = BrokerProcess()
-    procs.append(broker)
-    peers = [Peer(broker.address, f"k{i}", "g", "--width", "2048") for i in range(3)]
-    procs.extend(peers)
-    for p in peers:
-        p.wait(lambda p: len(p.steps_with(3)) >= 5, 60, "5 steps in a group of 3")
+    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048")
     victim, survivors = peers[0], peers[1:]
     victim.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
@@ -69,12 +71,7 @@ def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
 
 
 def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
-    broker = BrokerProcess()
-    procs.append(broker)
-    peers = [Peer(broker.address, f"r{i}") for i in range(2)]
-    procs.extend(peers)
-    for p in peers:
-        p.wait(lambda p: len(p.steps_with(2)) >= 5, 60, "5 steps in a group of 2")
+    broker, peers = _group(procs, "r", 2, 5)
     old_key = peers[0].steps[-1]["key"].split("/")[0]
     broker.kill()
     broker = BrokerProcess(port=broker.port)
@@ -101,12 +98,7 @@ def test_peers_on_separate_network_hosts_train_together(procs, netns):
 
 
 def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
-    broker = BrokerProcess()  # drops a silent member after 5 s
-    procs.append(broker)
-    peers = [Peer(broker.address, f"s{i}") for i in range(3)]
-    procs.extend(peers)
-    for p in peers:
-        p.wait(lambda p: len(p.steps_with(3)) >= 5, 60, "5 steps in a group of 3")
+    broker, peers = _group(procs, "s", 3, 5)  # drops a silent member after 5 s
     stalled, others = peers[0], peers[1:]
     stalled.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()

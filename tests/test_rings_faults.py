@@ -17,6 +17,7 @@ import pytest
 import helpers
 from helpers import FORK, Forked, make_message, parse_message
 from ring_workers import (
+    forked_children,
     CAPACITY,
     SLOT_SIZE,
     attach_and_consume,
@@ -76,8 +77,7 @@ def test_mpmc_producer_killed_between_claim_and_commit():
     n_live, n_victim = 20_000, 500
     ring = MPMCRing.create(CAPACITY, SLOT_SIZE)
     signal_r, signal_w = _signal_pipe()
-    children: list[Forked] = []
-    try:
+    with forked_children(ring, signal_r) as children:
         consumer = Forked(consume, ring, "get_bytes", 0, True, name="consumer")
         children.append(consumer)
         assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
@@ -100,11 +100,6 @@ def test_mpmc_producer_killed_between_claim_and_commit():
         wait_while_progressing(ring, [consumer])
         got, times = consumer.result(RESULT_TIMEOUT)
         stats = ring.statistics()
-    finally:
-        for child in children:
-            child.kill()
-        signal_r.close()
-        ring.close()
 
     _assert_all(got, 0, n_live)
     _assert_all(got, 1, n_live)
@@ -124,8 +119,7 @@ def test_mpmc_consumer_killed_holding_a_message():
     n = 5_000
     ring = MPMCRing.create(4, SLOT_SIZE)
     signal_r, signal_w = _signal_pipe()
-    children: list[Forked] = []
-    try:
+    with forked_children(ring, signal_r) as children:
         victim = Forked(take_and_hold, ring, 3, signal_w, name="victim consumer")
         children.append(victim)
         signal_w.close()
@@ -144,11 +138,6 @@ def test_mpmc_consumer_killed_holding_a_message():
         wait_while_progressing(ring, consumers)
         results = [c.result(RESULT_TIMEOUT) for c in consumers]
         stats = ring.statistics()
-    finally:
-        for child in children:
-            child.kill()
-        signal_r.close()
-        ring.close()
 
     assert stats.puts - puts_at_kill > 4, "the ring never came round to the held slot after the kill"
     lost = taken[-1]
@@ -237,8 +226,7 @@ def test_producer_killed_at_random_moments_leaves_an_untorn_prefix(ring_cls):
     for how in ["put", "put_many_list", "reserve", "put_many_array", "put"]:
         ring = ring_cls.create(CAPACITY, SLOT_SIZE)
         signal_r, signal_w = _signal_pipe()
-        children: list[Forked] = []
-        try:
+        with forked_children(ring, signal_r) as children:
             consumer = Forked(consume, ring, rng.choice(["get_bytes", "get_many", "get", "get_held"]), 0, name="consumer")
             children.append(consumer)
             producer = Forked(produce_until_killed, ring, 0, how, signal_w, name=f"producer ({how})")
@@ -251,11 +239,6 @@ def test_producer_killed_at_random_moments_leaves_an_untorn_prefix(ring_cls):
             wait_while_progressing(ring, [consumer])
             got = consumer.result(RESULT_TIMEOUT)
             stats = ring.statistics()
-        finally:
-            for child in children:
-                child.kill()
-            signal_r.close()
-            ring.close()
         seqs = got.get(0, np.zeros(0, np.int64))
         # A dead producer's unfinished message is dropped (MPMC) or never published (SPSC):
         # what arrives is 0..k-1, whole and in order, nothing after a gap.
@@ -271,8 +254,7 @@ def test_spsc_consumer_killed_mid_read_is_resumed_by_a_new_consumer():
     n = 200
     ring = SPSCRing.create(8, SLOT_SIZE)
     signal_r, signal_w = _signal_pipe()
-    children: list[Forked] = []
-    try:
+    with forked_children(ring, signal_r) as children:
         for seq in range(6):
             ring.put(make_message(0, seq, 30 + seq))
         victim = Forked(take_and_hold, ring, 3, signal_w, name="victim consumer")
@@ -288,11 +270,6 @@ def test_spsc_consumer_killed_mid_read_is_resumed_by_a_new_consumer():
         wait_while_progressing(ring, [successor])
         got = successor.result(RESULT_TIMEOUT)
         stats = ring.statistics()
-    finally:
-        for child in children:
-            child.kill()
-        signal_r.close()
-        ring.close()
     assert taken == [(0, 0), (0, 1), (0, 2)]
     # At least once: the message the victim held, never released, is delivered again.
     assert got[0].tolist() == list(range(2, n))

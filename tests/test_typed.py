@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import helpers
 from helpers import FORK, Forked
+from ring_workers import forked_children
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, Segment, SPSCRing, TypedRing
 
@@ -870,8 +871,7 @@ def test_writer_killed_between_reserve_and_commit_costs_one_item():
     capacity, b, n_victim, n_live = 16, 8, 3, 205
     ring = TypedRing.create(SPEC, capacity, multi=True)
     signal_r, signal_w = FORK.Pipe(duplex=False)
-    children: list[Forked] = []
-    try:
+    with forked_children(ring, signal_r) as children:
         victim = Forked(_write_then_die_mid_item, ring, 0, n_victim, signal_w, name="victim writer")
         children.append(victim)
         signal_w.close()
@@ -902,11 +902,6 @@ def test_writer_killed_between_reserve_and_commit_costs_one_item():
             ring.release()
         assert live.result(RESULT_TIMEOUT) == n_live
         stats = ring.statistics()
-    finally:
-        for child in children:
-            child.kill()
-        signal_r.close()
-        ring.close()
     assert seen[0] == list(range(n_victim)), "the victim's committed items, and not its claimed one"
     assert seen[1] == list(range(n_live))
     assert waits[0] < STALL_BOUND_S, f"the reader was stalled {waits[0]:.2f} s after the kill"

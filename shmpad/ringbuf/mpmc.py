@@ -399,19 +399,7 @@ class MPMCRing(ByteRing):
     KIND = "mpmc"
     SLOT_WORDS_PER_SLOT = WORDS_PER_LINE
     RELEASES_IN_ORDER = False
-    kernels = Kernels(
-        put=_put,
-        put_rows=_put_rows,
-        put_packed=_put_packed,
-        reserve=_reserve,
-        commit=_commit,
-        peek=_peek,
-        peek_many=_peek_many,
-        take_into=_take_into,
-        release=_release,
-        watch_write=_watch_write,
-        watch_read=_watch_read,
-    )
+    kernels = Kernels.of(globals())
 
     def _lengths(self, slot: int, k: int) -> np.ndarray:
         first = self._slot_words + slot * WORDS_PER_LINE + 1

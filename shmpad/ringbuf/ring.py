@@ -89,6 +89,11 @@ class Kernels(NamedTuple):
     watch_write: Callable
     watch_read: Callable
 
+    @classmethod
+    def of(cls, namespace: dict[str, Any]) -> Kernels:
+        """A kind's kernels: the functions ``_put``, ``_put_rows``... its module defines."""
+        return cls(**{field: namespace["_" + field] for field in cls._fields})
+
 
 @njit(nogil=True, cache=True)
 def _wait_change(ctl, idx, old, ev, spin, timeout_ns):

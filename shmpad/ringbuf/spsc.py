@@ -301,19 +301,7 @@ class SPSCRing(ByteRing):
     KIND = "spsc"
     SLOT_WORDS_PER_SLOT = 1
     RESERVE_BLOCKS_PUT = True
-    kernels = Kernels(
-        put=_put,
-        put_rows=_put_rows,
-        put_packed=_put_packed,
-        reserve=_reserve,
-        commit=_commit,
-        peek=_peek,
-        peek_many=_peek_many,
-        take_into=_take_into,
-        release=_release,
-        watch_write=_watch_write,
-        watch_read=_watch_read,
-    )
+    kernels = Kernels.of(globals())
 
     def __init__(self, segment):
         super().__init__(segment)
