@@ -20,11 +20,10 @@ import torch
 
 from actors.envs.config import EnvConfig
 from actors.envs.spec import seed_sequence
-from shmpad.errors import EnvWorkerError
 from actors.inference import sample_actions
 from actors.rollout import RolloutWriter
+from shmpad.errors import Closed, EnvWorkerError, Timeout
 from shmpad.launch.process import Child, Restarts, spawn
-from shmpad.errors import Closed, Timeout
 from shmpad.ringbuf import TypedRing, WeightStore, janitor
 
 __all__ = ["LocalPolicyActors", "run_actor"]

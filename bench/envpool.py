@@ -235,9 +235,8 @@ def run_envpool(args: Args) -> tuple[float, dict]:
 
 
 def run_ale_vector(args: Args) -> tuple[float, dict]:
-    from ale_py.vector_env import AtariVectorEnv
-
     import gymnasium as gym
+    from ale_py.vector_env import AtariVectorEnv
 
     from actors.envs.config import EnvConfig
 

@@ -41,8 +41,8 @@ from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_p
 from bench.cli import parser_for
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
-from shmpad.net.wire import parse_address
 from shmpad.net.auth import load_token
+from shmpad.net.wire import parse_address
 
 
 @dataclass

@@ -47,7 +47,6 @@ import tempfile
 import time
 from typing import Any
 
-
 import shmpad as lp
 from actors import frames_per_step
 from bench import impala

@@ -25,8 +25,8 @@ import torch
 
 from learners import vtrace
 from learners._checks import check_float_tensor, describe
-from shmpad._checks import check_number, check_threshold
 from learners.categorical import entropy
+from shmpad._checks import check_number, check_threshold
 
 __all__ = ["ImpalaLoss", "baseline_loss", "clip_rewards", "entropy_loss", "impala_loss", "policy_gradient_loss"]
 

@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-
 from helpers import kill_and_reap, track_pid
 
 HERE = os.path.dirname(os.path.abspath(__file__))

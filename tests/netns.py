@@ -25,12 +25,10 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
-from dataclasses import field
-
-import pytest
+from dataclasses import dataclass, field
 
 import helpers
+import pytest
 
 LOCK_PATH = "/tmp/shmpad-netns.lock"
 NS_PATTERN = re.compile(r"^shmpad-(\d+)-(\d+)\b")

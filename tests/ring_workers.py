@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-
 from helpers import MESSAGE_HEADER, Forked, make_message, parse_message
+
 from shmpad.errors import Closed, WouldBlock
 from shmpad.ringbuf import MPMCRing, SPSCRing, layout, mpmc
 

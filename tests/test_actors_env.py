@@ -3,13 +3,13 @@ gymnasium path's checks."""
 
 from __future__ import annotations
 
+import actor_envs  # noqa: F401  (registers the misbehaving environments)
 import numpy as np
 import pytest
+from test_actors_resize import dense_area_resize
 
-import actor_envs  # noqa: F401  (registers the misbehaving environments)
 from actors.envs.config import EnvConfig
 from actors.envs.spec import seed_sequence
-from test_actors_resize import dense_area_resize
 
 
 class ReferenceAtari:

@@ -7,11 +7,11 @@ import os
 import signal
 import textwrap
 
+import actor_envs  # noqa: F401  (registers the misbehaving environments)
+import helpers
 import numpy as np
 import pytest
 
-import actor_envs  # noqa: F401  (registers the misbehaving environments)
-import helpers
 from actors import EnvConfig, EnvPool, EnvWorkerError
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
+import helpers
 import numpy as np
 import pytest
 
-import helpers
 from actors import EnvConfig, EnvPool, seed_sequence
 from shmpad.errors import Closed
 

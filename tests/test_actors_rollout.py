@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_actors_pool import ReferencePool
 
 from actors import EnvConfig, EnvPool
 from actors.inference import BatchedInference
@@ -12,7 +13,6 @@ from actors.local import LocalPolicyActors
 from actors.rollout import RolloutWriter
 from actors.trajectory import trajectory_spec
 from shmpad.ringbuf import TypedRing, WeightStore
-from test_actors_pool import ReferencePool
 
 
 class TinyPolicy(torch.nn.Module):

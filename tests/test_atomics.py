@@ -5,13 +5,13 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+import helpers
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-import helpers
 from shmpad.ringbuf.atomics import (
     cas,
     cpu_pause,
@@ -21,8 +21,8 @@ from shmpad.ringbuf.atomics import (
     fetch_add,
     load_acquire,
     load_relaxed,
-    store_release,
     store_relaxed,
+    store_release,
     word_address,
 )
 

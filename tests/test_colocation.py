@@ -9,10 +9,9 @@ import threading
 import time
 
 import pytest
+from helpers import pid_alive, wait_until
 
 import shmpad as lp
-
-from helpers import pid_alive, wait_until
 
 
 def test_only_pynodes_and_at_least_one():

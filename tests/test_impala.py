@@ -14,10 +14,10 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-
 from helpers import kill_and_reap, track_pid
-from learners import make_model
 from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
+
+from learners import make_model
 
 
 def run_bench(*args: str, timeout: float, module: str = "bench.impala") -> str:

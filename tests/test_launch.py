@@ -14,11 +14,10 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import pid_alive, track_pid
 
 import shmpad as lp
 from shmpad import NodeFailed
-
-from helpers import pid_alive, track_pid
 
 ALL_TYPES = ["test_mp", "test_mt", "local_mp", "local_mt"]
 MP = ["test_mp", "local_mp"]

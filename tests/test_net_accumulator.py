@@ -15,13 +15,12 @@ import time
 
 import pytest
 import torch
-
 from helpers import wait_until
 from net_procs import Broker as BrokerProcess
 from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from netns import netns  # noqa: F401 (a fixture)
-from shmpad.net import Accumulator
-from shmpad.net import Broker
+
+from shmpad.net import Accumulator, Broker
 
 
 def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[BrokerProcess, list[Peer]]:

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers import FORK, Forked, wait_until
+
 from shmpad.errors import Abandoned, AuthError
 from shmpad.net import auth
 from shmpad.net.allreduce import CHUNK_BYTES, PeerRing

@@ -19,20 +19,14 @@ import time
 from collections.abc import Callable
 
 import pytest
-
 import test_net_wire as attacks
-from helpers import kill_and_reap
-from helpers import read_line
-from helpers import track_pid
-from helpers import wait_until
+from helpers import kill_and_reap, read_line, track_pid, wait_until
 from netns import netns  # noqa: F401  (a fixture)
+
+from shmpad.net import auth, wire
 from shmpad.net import broker as broker_module
 from shmpad.net import group as group_module
-from shmpad.net import auth
-from shmpad.net import wire
-from shmpad.net.group import GroupClient
-from shmpad.net.group import Member
-from shmpad.net.group import Membership
+from shmpad.net.group import GroupClient, Member, Membership
 
 TOKEN = attacks.TOKEN.decode()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -29,16 +29,13 @@ from test_rpc import Service as SameHostService
 
 import shmpad as lp
 from shmpad import Timeout
+from shmpad.errors import AuthError, RemoteError
+from shmpad.net import auth, wire
 from shmpad.nodes.courier import Endpoint, host_identity
-from shmpad.errors import AuthError
-from shmpad.net import auth
-from shmpad.net import wire
+from shmpad.rpc.codec import RemoteTraceback, encode_message
+from shmpad.rpc.shm_server import create_request_ring
 from shmpad.rpc.tcp_client import TcpRpcClient
 from shmpad.rpc.tcp_server import TcpRpcServer, reserve
-from shmpad.rpc.codec import encode_message
-from shmpad.errors import RemoteError
-from shmpad.rpc.codec import RemoteTraceback
-from shmpad.rpc.shm_server import create_request_ring
 
 TOKEN = "net-rpc-test-token"
 

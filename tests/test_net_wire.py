@@ -15,12 +15,10 @@ import socket
 import threading
 
 import pytest
-
 from helpers import wait_until
-from shmpad.errors import AuthError
-from shmpad.errors import FrameError
-from shmpad.net import auth
-from shmpad.net import wire
+
+from shmpad.errors import AuthError, FrameError
+from shmpad.net import auth, wire
 from shmpad.net.broker import Broker
 
 TOKEN = b"test-token-0123456789"

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pickle
 import time
 
+import helpers
 import numpy as np
 import pytest
-
-import helpers
 from ring_workers import drain, make_ring, ring_cls  # noqa: F401 - fixtures
+
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, SPSCRing
 

@@ -9,10 +9,10 @@ import math
 import platform
 import time
 
-import pytest
-
 import helpers
+import pytest
 from ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
+
 from shmpad.errors import Closed, Timeout, WouldBlock
 
 SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}[platform.machine().lower()]

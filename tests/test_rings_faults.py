@@ -11,23 +11,23 @@ from __future__ import annotations
 import random
 import time
 
+import helpers
 import numpy as np
 import pytest
-
-import helpers
 from helpers import FORK, Forked, make_message, parse_message
 from ring_workers import (
-    forked_children,
     CAPACITY,
     SLOT_SIZE,
     attach_and_consume,
     consume,
+    forked_children,
     produce,
     produce_then_claim,
     produce_until_killed,
     take_and_hold,
     wait_while_progressing,
 )
+
 from shmpad.errors import Timeout
 from shmpad.ringbuf import MPMCRing, SPSCRing, mpmc
 

@@ -10,12 +10,12 @@ full and empty all happen many times.
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
-
-import helpers
 from helpers import Forked, make_message, parse_message
 from ring_workers import CAPACITY, SLOT_SIZE, consume, produce, wait_while_progressing
+
 from shmpad.ringbuf import MPMCRing, SPSCRing
 
 N = 20_000

@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import collections
 
+import helpers
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-import helpers
 from shmpad.errors import Closed, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, SPSCRing
 

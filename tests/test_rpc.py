@@ -10,15 +10,14 @@ import time
 
 import numpy as np
 import pytest
+from helpers import FORK, kill_pid, track_pid, wait_until
 
 from shmpad import Closed, Timeout
-from shmpad.ringbuf import MPMCRing
 from shmpad.errors import RemoteError
+from shmpad.ringbuf import MPMCRing
 from shmpad.rpc.codec import RemoteTraceback
 from shmpad.rpc.shm_client import RpcClient
 from shmpad.rpc.shm_server import RpcServer, create_request_ring
-
-from helpers import FORK, kill_pid, track_pid, wait_until
 
 
 class CustomError(Exception):

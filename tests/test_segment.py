@@ -9,11 +9,11 @@ import pickle
 import re
 import signal
 
+import helpers
 import numpy as np
 import posix_ipc
 import pytest
 
-import helpers
 from shmpad.errors import SegmentError
 from shmpad.ringbuf.segment import LAYOUT_VERSION, PREFIX, Segment
 

@@ -17,15 +17,15 @@ import re
 import threading
 import time
 
+import helpers
 import numpy as np
 import pytest
 import torch
+from helpers import FORK, Forked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import helpers
-from helpers import FORK, Forked
 from ring_workers import forked_children
+
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, Segment, SPSCRing, TypedRing
 

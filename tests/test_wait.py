@@ -6,11 +6,11 @@ import multiprocessing
 import platform
 import time
 
+import helpers
 import numpy as np
 import pytest
 from numba import njit
 
-import helpers
 from shmpad.ringbuf.atomics import load_acquire, store_release
 from shmpad.ringbuf.wait import finish_wait, futex_wake, notify, notify_always, prepare_wait, sleep
 

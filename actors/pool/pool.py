@@ -29,13 +29,23 @@ import numpy as np
 
 from actors.envs.config import EnvConfig
 from actors.envs.spec import EnvSpec
-from shmpad.errors import EnvWorkerError
 from actors.pool.slots import PoolSlots
-from actors.trajectory import STEP_FIELDS, frames_per_step
-from shmpad.launch.process import Child, Restarts, spawn
-from actors.pool.sync import copy_actions, count_short, load, load_stats, publish_all, spins_for, store, wait_all, wake, warm_up
+from actors.pool.sync import (
+    copy_actions,
+    count_short,
+    load,
+    load_stats,
+    publish_all,
+    spins_for,
+    store,
+    wait_all,
+    wake,
+    warm_up,
+)
 from actors.pool.worker import WorkerArgs, run_worker
-from shmpad.errors import Closed, Timeout
+from actors.trajectory import STEP_FIELDS, frames_per_step
+from shmpad.errors import Closed, EnvWorkerError, Timeout
+from shmpad.launch.process import Child, Restarts, spawn
 from shmpad.ringbuf import janitor
 
 __all__ = ["EnvPool", "HalfBatch", "PoolStatistics"]

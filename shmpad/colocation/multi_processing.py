@@ -9,13 +9,13 @@ import signal
 import threading
 from typing import Sequence
 
-from shmpad.launch import context
 from shmpad._checks import check_int
-from shmpad.errors import Closed, describe_exit
-from shmpad.nodes.base import Handle, Node
-from shmpad.launch.process import Restarts, fork
-from shmpad.nodes.python import PyNode
 from shmpad.colocation.multi_threading import check_nodes
+from shmpad.errors import Closed, describe_exit
+from shmpad.launch import context
+from shmpad.launch.process import Restarts, fork
+from shmpad.nodes.base import Handle, Node
+from shmpad.nodes.python import PyNode
 
 __all__ = ["MultiProcessingColocation"]
 

@@ -30,10 +30,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from shmpad.launch import context
 from shmpad.errors import Closed, NodeFailed
-from shmpad.nodes.base import Node
+from shmpad.launch import context
 from shmpad.launch.process import fork
+from shmpad.nodes.base import Node
 
 __all__ = ["WorkerManager", "PythonProcess"]
 

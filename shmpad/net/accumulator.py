@@ -34,8 +34,8 @@ import torch
 
 from shmpad.errors import Abandoned
 from shmpad.net.allreduce import PeerRing
-from shmpad.net.mesh import Mesh
 from shmpad.net.group import GroupClient, Membership
+from shmpad.net.mesh import Mesh
 
 __all__ = ["Accumulator"]
 

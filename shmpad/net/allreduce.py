@@ -42,8 +42,7 @@ from collections.abc import Callable
 import numpy as np
 
 from shmpad.errors import Abandoned
-from shmpad.net.wire import Connection
-from shmpad.net.wire import Kind
+from shmpad.net.wire import Connection, Kind
 
 __all__ = ["CHUNK_BYTES", "REDUCE_DTYPES", "PeerRing"]
 

@@ -32,13 +32,8 @@ import threading
 import time
 from typing import Any
 
-from shmpad.errors import AuthError
-from shmpad.errors import FrameError
-from shmpad.net.wire import MAC
-from shmpad.net.wire import MAX_FRAME
-from shmpad.net.wire import VERSION
-from shmpad.net.wire import Connection
-from shmpad.net.wire import parse_address
+from shmpad.errors import AuthError, FrameError
+from shmpad.net.wire import MAC, MAX_FRAME, VERSION, Connection, parse_address
 
 __all__ = ["Listener", "accept", "connect", "load_token"]
 

@@ -40,10 +40,8 @@ import sys
 import threading
 import time
 
-from shmpad.errors import AuthError
-from shmpad.errors import FrameError
-from shmpad.net import auth
-from shmpad.net import wire
+from shmpad.errors import AuthError, FrameError
+from shmpad.net import auth, wire
 from shmpad.net.group import show as _show
 from shmpad.net.group import validate_join
 

@@ -16,10 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
-from shmpad.errors import AuthError
-from shmpad.errors import FrameError
-from shmpad.net import auth
-from shmpad.net import wire
+from shmpad.errors import AuthError, FrameError
+from shmpad.net import auth, wire
 
 __all__ = ["GroupClient", "Member", "Membership", "validate_join"]
 

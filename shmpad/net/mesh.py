@@ -21,13 +21,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from shmpad.errors import Abandoned
-from shmpad.errors import AuthError
-from shmpad.errors import FrameError
-from shmpad.net import auth
-from shmpad.net import wire
-from shmpad.net.allreduce import CHUNK_BYTES
-from shmpad.net.allreduce import PeerRing
+from shmpad.errors import Abandoned, AuthError, FrameError
+from shmpad.net import auth, wire
+from shmpad.net.allreduce import CHUNK_BYTES, PeerRing
 from shmpad.net.wire import Connection
 
 __all__ = ["Mesh"]

@@ -42,7 +42,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-
 from shmpad.errors import FrameError
 
 __all__ = [

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shmpad.launch import context
+from shmpad.net.auth import load_token
+from shmpad.net.wire import parse_address
 from shmpad.nodes.base import Handle
 from shmpad.nodes.python import PyClassNode
 from shmpad.ringbuf import MPMCRing
-from shmpad.net.auth import load_token
-from shmpad.net.wire import parse_address
 from shmpad.rpc.shm_client import RpcClient
 from shmpad.rpc.shm_server import RpcServer, create_request_ring
 from shmpad.rpc.tcp_client import TcpRpcClient

@@ -20,6 +20,7 @@ from numba import njit
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, nowait, rows_u8
 from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire, store_release
+from shmpad.ringbuf.batch import MessageBatch
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
     BYTES_PUT,
@@ -27,13 +28,13 @@ from shmpad.ringbuf.layout import (
     CLOSED,
     CLOSED_CODE,
     CONTROL_WORDS,
-    RESERVATION_OPEN,
     DEAD_CLAIMS,
     EV_NOT_EMPTY,
     EV_NOT_FULL,
     GETS,
     HEAD,
     PUTS,
+    RESERVATION_OPEN,
     SLOT_SIZE,
     SLOT_WORDS,
     SLOTS,
@@ -44,7 +45,6 @@ from shmpad.ringbuf.layout import (
     WAITS_FULL,
     round_up,
 )
-from shmpad.ringbuf.batch import MessageBatch
 from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
 from shmpad.ringbuf.statistics import RingStatistics
 from shmpad.ringbuf.wait import finish_wait, notify_always, prepare_wait, sleep

@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from shmpad.ringbuf import ring as _ring
+from shmpad.ringbuf.args import fast_entry
 from shmpad.ringbuf.atomics import load_acquire, load_relaxed, store_relaxed, store_release
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
@@ -50,8 +52,6 @@ from shmpad.ringbuf.layout import (
     TOO_BIG,
 )
 from shmpad.ringbuf.memcopy import copy_bytes
-from shmpad.ringbuf import ring as _ring
-from shmpad.ringbuf.args import fast_entry
 from shmpad.ringbuf.ring import ByteRing, Kernels
 from shmpad.ringbuf.wait import notify
 

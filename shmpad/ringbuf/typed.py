@@ -25,13 +25,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from shmpad.errors import SegmentError, Timeout
+from shmpad.ringbuf.args import check_timeout, nowait
 from shmpad.ringbuf.layout import round_up
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.args import check_timeout, nowait
 from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing
-from shmpad.ringbuf.statistics import RingStatistics
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
 from shmpad.ringbuf.spsc import SPSCRing
+from shmpad.ringbuf.statistics import RingStatistics
 
 __all__ = ["TypedRing", "Spec"]
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import ctypes.util
 import platform
 
-import numpy as np
 import llvmlite.binding
+import numpy as np
 from numba import njit, types
 
 from shmpad.ringbuf.atomics import fence_seq_cst, fetch_add, load_acquire, load_relaxed, word_address

@@ -23,7 +23,15 @@ from typing import Any, Callable
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.mpmc import MPMCRing
 from shmpad.ringbuf.spsc import SPSCRing
-from shmpad.rpc.calls import CONNECT_TIMEOUT_S, POLL_S, FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
+from shmpad.rpc.calls import (
+    CONNECT_TIMEOUT_S,
+    POLL_S,
+    FutureMethods,
+    MethodCalls,
+    check_call_timeout,
+    settle,
+    timeout_error,
+)
 from shmpad.rpc.codec import REPLY, drop, encode, unpack_reply
 from shmpad.rpc.shm_server import SLOT_SIZE, SYNC_TAG
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shmpad.errors import AuthError, Closed, Timeout
-from shmpad.rpc.tcp_server import join_address, set_keepalive
 from shmpad.net.auth import connect, load_token
 from shmpad.net.wire import (
     MAX_FRAME,
@@ -37,6 +36,7 @@ from shmpad.rpc.calls import (
     timeout_error,
 )
 from shmpad.rpc.codec import encode_message, load_message, message_size, split_message, unpack_reply
+from shmpad.rpc.tcp_server import join_address, set_keepalive
 
 __all__ = ["TcpRpcClient"]
 

@@ -40,10 +40,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shmpad.errors import FrameError
-from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
+from shmpad.errors import FrameError, RemoteError
 from shmpad.net.auth import Listener
-from shmpad.errors import RemoteError
+from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
 from shmpad.rpc.calls import POLL_S, public_methods
 from shmpad.rpc.codec import encode_message, failure, load_message, message_size, split_message, unpicklable_result
 
