@@ -70,7 +70,9 @@ class BatchedInference:
         policy: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
     ):
         if not pool.spec.discrete:
-            raise ValueError(f"BatchedInference samples discrete actions; {pool.spec.env_id!r} has {pool.spec.describe_actions()}")
+            raise ValueError(
+                f"BatchedInference samples discrete actions; {pool.spec.env_id!r} has {pool.spec.describe_actions()}"
+            )
         self.recurrent = bool(getattr(model, "use_lstm", False))
         if self.recurrent and policy is not None:
             raise ValueError(

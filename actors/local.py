@@ -122,7 +122,9 @@ class LocalPolicyActors:
     ):
         self.config = EnvConfig(env) if isinstance(env, str) else env
         if not ring.multi:
-            raise ValueError("the trajectory ring of several actors must be multi-producer: TypedRing.create(..., multi=True)")
+            raise ValueError(
+                "the trajectory ring of several actors must be multi-producer: TypedRing.create(..., multi=True)"
+            )
         self.config.spec()  # a bad id or broken environment fails here, before any fork
         self._args = (make_model, weights, ring, envs_per_actor, seed)
         self._restarts = Restarts(restarts)
@@ -137,7 +139,9 @@ class LocalPolicyActors:
         parent = self._parent
 
         def target() -> None:
-            run_actor(self.config, make_model, weights, ring, n, seed, a * n, generation, lambda: os.getppid() != parent)
+            run_actor(
+                self.config, make_model, weights, ring, n, seed, a * n, generation, lambda: os.getppid() != parent
+            )
 
         return spawn(target, a, generation)
 

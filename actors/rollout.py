@@ -23,6 +23,7 @@ from shmpad.ringbuf import TypedRing
 
 __all__ = ["RolloutWriter"]
 
+
 class RolloutWriter:
     """Writes unrolls of ``groups`` groups of ``group_size`` environments into ``ring``.
 
@@ -46,7 +47,9 @@ class RolloutWriter:
             for _ in range(groups)
         ]
         # the core state at the start of the staged unrolls, and at the start of the next ones
-        self._initial = [{f: np.zeros((group_size, *ring.spec[f][1]), ring.spec[f][0]) for f in state} for _ in range(groups)]
+        self._initial = [
+            {f: np.zeros((group_size, *ring.spec[f][1]), ring.spec[f][0]) for f in state} for _ in range(groups)
+        ]
         self._next_initial = [{f: np.zeros_like(b) for f, b in initial.items()} for initial in self._initial]
         self._t = [0] * groups
         self._pending: list[int | None] = [None] * groups  # next environment to write, while flushing

@@ -152,7 +152,9 @@ class Gloo(Group):
 
         super().listen(rank, peers)
         if rank == 0:  # the store's server runs in rank 0, on a free port
-            self._store = dist.TCPStore("127.0.0.1", 0, peers, is_master=True, timeout=_timedelta(SETUP_S), wait_for_workers=False)
+            self._store = dist.TCPStore(
+                "127.0.0.1", 0, peers, is_master=True, timeout=_timedelta(SETUP_S), wait_for_workers=False
+            )
             return str(self._store.port)
         return ""
 
@@ -162,8 +164,12 @@ class Gloo(Group):
 
         torch.set_num_threads(1)
         if self.rank != 0:
-            self._store = dist.TCPStore("127.0.0.1", int(addresses[0]), self.peers, is_master=False, timeout=_timedelta(SETUP_S))
-        dist.init_process_group("gloo", store=self._store, rank=self.rank, world_size=self.peers, timeout=_timedelta(SETUP_S))
+            self._store = dist.TCPStore(
+                "127.0.0.1", int(addresses[0]), self.peers, is_master=False, timeout=_timedelta(SETUP_S)
+            )
+        dist.init_process_group(
+            "gloo", store=self._store, rank=self.rank, world_size=self.peers, timeout=_timedelta(SETUP_S)
+        )
         self._tensors: dict[int, object] = {}
 
     def allreduce(self, array: np.ndarray) -> None:
@@ -214,8 +220,18 @@ def missing(subject: type[Group]) -> str | None:
 class Worker:
     """Everything one rank does; built in the parent, run in the forked worker."""
 
-    def __init__(self, rank: int, peers: int, sizes: list[int], subjects: list[type[Group]], args: Args,
-                 gather, scatter, step_barrier, report):
+    def __init__(
+        self,
+        rank: int,
+        peers: int,
+        sizes: list[int],
+        subjects: list[type[Group]],
+        args: Args,
+        gather,
+        scatter,
+        step_barrier,
+        report,
+    ):
         self.rank, self.peers, self.sizes, self.args = rank, peers, sizes, args
         self.subject_types = subjects
         self._gather, self._scatter, self._step, self._report = gather, scatter, step_barrier, report
@@ -245,7 +261,9 @@ class Worker:
                         g.allreduce(array)
                         elapsed = perf_counter() - t0
                         if array[0] != expected or array[-1] != expected or array[len(array) // 2] != expected:
-                            raise AssertionError(f"{g.name}: allreduce of {size} bytes gave {array[0]}, expected {expected}")
+                            raise AssertionError(
+                                f"{g.name}: allreduce of {size} bytes gave {array[0]}, expected {expected}"
+                            )
                         if rep >= self.args.warmup:
                             times.setdefault((g.name, size), []).append(elapsed)
         finally:
@@ -257,7 +275,9 @@ class Worker:
         self._report.send((self.rank, result))
 
 
-def measure(peers: int, sizes: list[int], subjects: list[type[Group]], args: Args) -> dict[tuple[str, int], list[float]]:
+def measure(
+    peers: int, sizes: list[int], subjects: list[type[Group]], args: Args
+) -> dict[tuple[str, int], list[float]]:
     """Fork ``peers`` workers, relay their addresses, and return the slowest worker's
     seconds per operation, by (subject, size)."""
     ops = len(subjects) * len(sizes) * (args.reps + args.warmup)
@@ -269,10 +289,13 @@ def measure(peers: int, sizes: list[int], subjects: list[type[Group]], args: Arg
     for rank in range(peers):
         (up_r, up_w), (down_r, down_w) = links[rank]
         worker = Worker(rank, peers, sizes, subjects, args, up_w, down_r, step, report_w)
-        procs.append(FORK.Process(
-            target=child, args=(f"rank {rank} of {peers}", lifetime, worker.prepare, worker.work, start, worker.send),
-            daemon=True,
-        ))
+        procs.append(
+            FORK.Process(
+                target=child,
+                args=(f"rank {rank} of {peers}", lifetime, worker.prepare, worker.work, start, worker.send),
+                daemon=True,
+            )
+        )
     try:
         for p in procs:
             p.start()
@@ -306,7 +329,9 @@ def _recv(conn, procs, deadline: float, what: str):
         ready = multiprocessing.connection.wait([conn] + [p.sentinel for p in procs], timeout=left)
         dead = [p for p in procs if p.sentinel in ready and p.exitcode not in (None, 0)]
         if dead and not conn.poll():
-            raise MeasurementFailed(f"{len(procs)} peers: worker {dead[0].name} exited with code {dead[0].exitcode} before {what}")
+            raise MeasurementFailed(
+                f"{len(procs)} peers: worker {dead[0].name} exited with code {dead[0].exitcode} before {what}"
+            )
     return conn.recv()
 
 
@@ -334,14 +359,20 @@ def fmt_gbs(x: float | None) -> str:
     return "failed" if x is None else f"{x:.2f}"
 
 
-def print_table(results: dict, subjects: list[type[Group]], peer_counts: list[int], sizes: list[int], args: Args) -> None:
-    print(f"Allreduce (sum) of float32 tensors over loopback TCP: medians of {args.reps} repetitions "
-          f"after {args.warmup} warm-up(s); GB/s = tensor bytes / time of the slowest peer.")
+def print_table(
+    results: dict, subjects: list[type[Group]], peer_counts: list[int], sizes: list[int], args: Args
+) -> None:
+    print(
+        f"Allreduce (sum) of float32 tensors over loopback TCP: medians of {args.reps} repetitions "
+        f"after {args.warmup} warm-up(s); GB/s = tensor bytes / time of the slowest peer."
+    )
     for s in subjects:
         print(f"  {s.name:<7} {s.how}")
     names = [s.name for s in subjects]
     print()
-    print(f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' GB/s':>12}" for n in names) + f" {'shmpad/gloo':>12}  target")
+    print(
+        f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' GB/s':>12}" for n in names) + f" {'shmpad/gloo':>12}  target"
+    )
     for peers in peer_counts:
         for size in sizes:
             r = ratio(results, peers, size)
@@ -356,8 +387,10 @@ def targets(results: dict, peer_counts: list[int], sizes: list[int]) -> list[str
         for size in sizes:
             if size in TARGET_SIZES:
                 r = ratio(results, peers, size)
-                lines.append(f"  {verdict(None if r is None else r >= TARGET_RATIO)}  {peers} peers, {fmt_size(size)}: "
-                             f"shmpad/gloo {fmt_ratio(r)} (target >= {TARGET_RATIO:g}x)")
+                lines.append(
+                    f"  {verdict(None if r is None else r >= TARGET_RATIO)}  {peers} peers, {fmt_size(size)}: "
+                    f"shmpad/gloo {fmt_ratio(r)} (target >= {TARGET_RATIO:g}x)"
+                )
     return lines or ["  n/a   no target size (16 or 64 MB) was measured"]
 
 

@@ -218,9 +218,19 @@ def run_envpool(args: Args) -> tuple[float, dict]:
 
     game = args.env.split("/")[-1].split("-")[0]
     env = envpool.make(
-        f"{game}-v5", env_type="gymnasium", num_envs=args.num_envs, batch_size=args.num_envs // 2,
-        num_threads=args.cores, repeat_action_probability=0.0, noop_max=30, episodic_life=False,
-        reward_clip=False, img_height=84, img_width=84, stack_num=4, frame_skip=4,
+        f"{game}-v5",
+        env_type="gymnasium",
+        num_envs=args.num_envs,
+        batch_size=args.num_envs // 2,
+        num_threads=args.cores,
+        repeat_action_probability=0.0,
+        noop_max=30,
+        episodic_life=False,
+        reward_clip=False,
+        img_height=84,
+        img_width=84,
+        stack_num=4,
+        frame_skip=4,
     )
     env.async_reset()
     random_actions = RandomActions(int(env.action_space.n), args.num_envs // 2, 0)
@@ -243,9 +253,21 @@ def run_ale_vector(args: Args) -> tuple[float, dict]:
     game = gym.spec(args.env).kwargs["game"]
     EnvConfig(args.env)
     env = AtariVectorEnv(
-        game, args.num_envs, batch_size=args.num_envs // 2, num_threads=args.cores, repeat_action_probability=0.0,
-        noop_max=30, frameskip=4, stack_num=4, img_height=84, img_width=84, grayscale=True, maxpool=True,
-        reward_clipping=False, use_fire_reset=False, episodic_life=False,
+        game,
+        args.num_envs,
+        batch_size=args.num_envs // 2,
+        num_threads=args.cores,
+        repeat_action_probability=0.0,
+        noop_max=30,
+        frameskip=4,
+        stack_num=4,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        maxpool=True,
+        reward_clipping=False,
+        use_fire_reset=False,
+        episodic_life=False,
     )
     try:
         _, info = env.reset(seed=0)
@@ -298,7 +320,10 @@ def run_shmpad_impala(args: Args) -> tuple[float, dict]:
     try:
         model = make_model("deep", pool.spec.obs_shape, pool.spec.num_actions)
         inference = BatchedInference(
-            pool, model, device=args.device, policy=lambda m, obs: m(obs[None]).policy_logits[0]  # [B, A]
+            pool,
+            model,
+            device=args.device,
+            policy=lambda m, obs: m(obs[None]).policy_logits[0],  # [B, A]
         )
 
         def step() -> int:
@@ -371,10 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     notes: dict[str, str] = {}
     per_round: list[dict[str, float]] = []
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
-    say(f"# bench.envpool {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} env={args.env} "
-        f"cores={args.cores} num_envs={args.num_envs} rounds={args.rounds} seconds={args.seconds}")
+    say(
+        f"# bench.envpool {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} env={args.env} "
+        f"cores={args.cores} num_envs={args.num_envs} rounds={args.rounds} seconds={args.seconds}"
+    )
     for r in range(args.rounds):
-        order = subjects[r % len(subjects):] + subjects[: r % len(subjects)]
+        order = subjects[r % len(subjects) :] + subjects[: r % len(subjects)]
         this_round = {}
         for s in order:
             if s in notes and notes[s].startswith("skipped"):
@@ -402,7 +429,12 @@ def report(args: Args, subjects, rates, details, notes, per_round) -> None:
     rows = []
     for s in subjects:
         med = statistics.median(rates[s]) if rates[s] else None
-        row = {"subject": s, "cores": args.cores, "num_envs": args.num_envs, "frames_per_s": None if med is None else round(med)}
+        row = {
+            "subject": s,
+            "cores": args.cores,
+            "num_envs": args.num_envs,
+            "frames_per_s": None if med is None else round(med),
+        }
         for p in peers:
             if p != s:
                 ratio = _ratio(per_round, s, p)

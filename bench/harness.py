@@ -42,6 +42,7 @@ FORK = multiprocessing.get_context("fork")
 # A child waits this long at the start barrier.
 START_TIMEOUT_S = 15.0
 
+
 class MeasurementFailed(Exception):
     """One measurement did not give a result; the run reports it and goes on."""
 
@@ -87,7 +88,6 @@ def end(procs: list) -> None:
         if p.is_alive():
             p.kill()
         p.join()
-
 
 
 def run_main(main: Callable[[], int], name: str) -> None:

@@ -184,7 +184,9 @@ def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None
     try:
         model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
         writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
-        inference = BatchedInference(pool, model, args.device, writer, weights, seed=args.seed + index, policy=None if args.use_lstm else act)
+        inference = BatchedInference(
+            pool, model, args.device, writer, weights, seed=args.seed + index, policy=None if args.use_lstm else act
+        )
         stop = lp.stop_event()
         next_report = time.monotonic()
         while not stop.is_set():
@@ -205,9 +207,15 @@ def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
     """One JSON message of the actor's and its pool's counters (dropped if nobody reads)."""
     p, s = pool.statistics(), inference.statistics()
     message = {
-        "pid": os.getpid(), "t": time.monotonic(), "frames": p.frames, "env_s": sum(p.worker_env_seconds),
-        "wait_s": sum(p.worker_wait_seconds), "batches": s.batches, "inf_wait_s": s.wait_seconds,
-        "inf_s": s.inference_seconds, "rollout_s": s.rollout_seconds,
+        "pid": os.getpid(),
+        "t": time.monotonic(),
+        "frames": p.frames,
+        "env_s": sum(p.worker_env_seconds),
+        "wait_s": sum(p.worker_wait_seconds),
+        "batches": s.batches,
+        "inf_wait_s": s.wait_seconds,
+        "inf_s": s.inference_seconds,
+        "rollout_s": s.rollout_seconds,
     }
     try:
         stats.put_nowait(json.dumps(message).encode())
@@ -217,14 +225,33 @@ def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
 
 # -- the learner node --------------------------------------------------------------------
 
-CSV_COLUMNS = ["frames", "seconds", "fps", "mean_return", "episodes", "learner_steps", "steps_per_s", "queue_fill", "wait_fraction", "learning_rate", "loss", "group_size"]
+CSV_COLUMNS = [
+    "frames",
+    "seconds",
+    "fps",
+    "mean_return",
+    "episodes",
+    "learner_steps",
+    "steps_per_s",
+    "queue_fill",
+    "wait_fraction",
+    "learning_rate",
+    "loss",
+    "group_size",
+]
 
 
 def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
     torch.set_num_threads(args.learner_threads)
     os.makedirs(args.out, exist_ok=True)
     checkpoint = os.path.join(args.out, "checkpoint.pt")
-    learner = Learner(build_model(args, obs_shape, num_actions), trajectories, learner_config(args, frames_per_step), weights, args.device)
+    learner = Learner(
+        build_model(args, obs_shape, num_actions),
+        trajectories,
+        learner_config(args, frames_per_step),
+        weights,
+        args.device,
+    )
     seconds_before = 0.0
     if args.resume and os.path.exists(checkpoint):
         learner.load(checkpoint)
@@ -233,7 +260,11 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     if args.peers:
         token = load_token(token_file=args.token_file or None)
         learner.join_group(
-            args.peers, args.group, host=args.peer_host, token=token, virtual_batch_size=args.virtual_batch_size,
+            args.peers,
+            args.group,
+            host=args.peer_host,
+            token=token,
+            virtual_batch_size=args.virtual_batch_size,
             min_size=args.min_peers,
         )
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
@@ -266,7 +297,10 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     if learner.accumulator is not None:
         learner.accumulator.close()
     _plot(log_path, os.path.join(args.out, "curve.png"), args.env)
-    print(f"done: {learner.frames} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}", flush=True)
+    print(
+        f"done: {learner.frames} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}",
+        flush=True,
+    )
     lp.stop()
 
 
@@ -341,7 +375,9 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
     model = build_model(args, spec.obs_shape, spec.num_actions)
     traj = trajectory_spec(spec, args.unroll_length, core_state_shapes=core_state_shapes(model))
     program = lp.Program("impala")
-    trajectories = program.add_node(lp.RingNode(args.queue_slots or 4 * args.batch_size, spec=traj, multi=True), "trajectories")
+    trajectories = program.add_node(
+        lp.RingNode(args.queue_slots or 4 * args.batch_size, spec=traj, multi=True), "trajectories"
+    )
     weights = program.add_node(lp.WeightStoreNode(model), "weights")
     stats = program.add_node(lp.RingNode(256, slot_size=1024), "actor_stats") if actor_stats else None
     with program.group("actor"):
@@ -349,7 +385,13 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
             program.add_node(lp.PyNode(run_actor, args, i, trajectories, weights, stats))
     program.add_node(
         lp.PyNode(
-            run_learner, args, spec.obs_shape, spec.num_actions, frames_per_step(env_config(args)), trajectories, weights
+            run_learner,
+            args,
+            spec.obs_shape,
+            spec.num_actions,
+            frames_per_step(env_config(args)),
+            trajectories,
+            weights,
         ),
         "learner",
     )

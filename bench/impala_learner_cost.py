@@ -69,7 +69,10 @@ def _bare_loop(args: Any, spec) -> dict:
         optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
     else:
         optimizer = torch.optim.RMSprop(
-            model.parameters(), lr=config.learning_rate, alpha=config.rmsprop_alpha, eps=config.rmsprop_eps,
+            model.parameters(),
+            lr=config.learning_rate,
+            alpha=config.rmsprop_alpha,
+            eps=config.rmsprop_eps,
             momentum=config.rmsprop_momentum,
         )
     unroll = _prepared_unroll(args, spec)

@@ -79,7 +79,10 @@ def run(args: Any) -> dict:
     bare, ring, per_round = [], [], []
     for r in range(ROUNDS):
         order = ("bare", "ring") if r % 2 == 0 else ("ring", "bare")
-        got = {name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120) for name in order}
+        got = {
+            name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120)
+            for name in order
+        }
         bare.append(got["bare"])
         ring.append(got["ring"])
         per_round.append(got["ring"]["updates_per_s"] / got["bare"]["updates_per_s"])
@@ -150,7 +153,10 @@ def _pipeline(args: Any) -> dict:
             except (lp.WouldBlock, lp.Closed):
                 return
 
-    with tempfile.TemporaryDirectory(prefix="impala-throughput-") as out, _quiet(os.path.join(out, "program.log")) as log_path:
+    with (
+        tempfile.TemporaryDirectory(prefix="impala-throughput-") as out,
+        _quiet(os.path.join(out, "program.log")) as log_path,
+    ):
         run_args = dataclasses.replace(args, out=out, log_interval=1.0, launch_type="test_mp", resume=False)
         try:
             program, stats = impala.build_program(run_args, actor_stats=True)
@@ -193,10 +199,18 @@ def _tail(path: str, n: int = 3000) -> str:
 def _summarise(messages: list[dict], rows: list[dict]) -> dict:
     """The second half of the run: actors from their messages, the learner from its CSV."""
     if not messages or not rows:
-        raise RuntimeError(f"the pipeline reported too little: {len(messages)} actor messages, {len(rows)} learner rows")
+        raise RuntimeError(
+            f"the pipeline reported too little: {len(messages)} actor messages, {len(rows)} learner rows"
+        )
     rows = [{"seconds": 0.0, "learner_steps": 0, "frames": 0}, *rows]  # a short run may log one row only
     mid = (min(m["t"] for m in messages) + max(m["t"] for m in messages)) / 2
-    fps, seconds, env_s, wait_s, inf = 0.0, [], 0.0, 0.0, {"batches": 0, "inf_wait_s": 0.0, "inf_s": 0.0, "rollout_s": 0.0}
+    fps, seconds, env_s, wait_s, inf = (
+        0.0,
+        [],
+        0.0,
+        0.0,
+        {"batches": 0, "inf_wait_s": 0.0, "inf_s": 0.0, "rollout_s": 0.0},
+    )
     for pid in {m["pid"] for m in messages}:
         mine = sorted((m for m in messages if m["pid"] == pid), key=lambda m: m["t"])
         a = next((m for m in mine if m["t"] >= mid), mine[0])
@@ -273,18 +287,32 @@ def _targets(learner: dict, pipeline: dict) -> dict:
 def _print(args: Any, report: dict) -> None:
     lr, p, t = report["learner"], report["pipeline"], report["targets"]
     frames_per_update = args.batch_size * args.unroll_length * frames_per_step(impala.env_config(args))
-    ceiling = "n/a (bench.envpool's ceiling is Atari only)" if p["ceiling_frames_per_s"] is None else f"{p['ceiling_frames_per_s']:>10,} frames/s"
+    ceiling = (
+        "n/a (bench.envpool's ceiling is Atari only)"
+        if p["ceiling_frames_per_s"] is None
+        else f"{p['ceiling_frames_per_s']:>10,} frames/s"
+    )
     ratio = "n/a" if p["ratio_to_ceiling"] is None else f"{p['ratio_to_ceiling']:.2f}"
-    print(f"\n1. Learner framework cost (medians of {ROUNDS} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)")
-    print(f"   bare torch loop on a ready batch      {lr['bare_updates_per_s']:8.2f} updates/s  ({1e3 / lr['bare_updates_per_s']:.1f} ms/update)")
+    print(
+        f"\n1. Learner framework cost (medians of {ROUNDS} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)"
+    )
+    print(
+        f"   bare torch loop on a ready batch      {lr['bare_updates_per_s']:8.2f} updates/s  ({1e3 / lr['bare_updates_per_s']:.1f} ms/update)"
+    )
     print(
         f"   Learner.step() from a TypedRing       {lr['ring_updates_per_s']:8.2f} updates/s  "
         f"({1e3 / lr['ring_updates_per_s']:.1f} ms/update, waiting {lr['ring_wait_share']:.1%}; publishes to a WeightStore)"
     )
     print(f"   ratio                                 {lr['ratio']:8.3f}")
-    print(f"\n2. Whole pipeline (bench.impala's program, {args.total_frames:,} frames a run; second half of each run counted)")
-    print(f"   pipeline                {p['frames_per_s']:>10,.0f} env frames/s   (learner consumed {p['learner_frames_per_s']:,.0f} frames/s)")
-    print(f"   actor ceiling           {ceiling}   ({args.num_actors * args.num_workers} processes, same environments, {p['seconds']:.1f} s)")
+    print(
+        f"\n2. Whole pipeline (bench.impala's program, {args.total_frames:,} frames a run; second half of each run counted)"
+    )
+    print(
+        f"   pipeline                {p['frames_per_s']:>10,.0f} env frames/s   (learner consumed {p['learner_frames_per_s']:,.0f} frames/s)"
+    )
+    print(
+        f"   actor ceiling           {ceiling}   ({args.num_actors * args.num_workers} processes, same environments, {p['seconds']:.1f} s)"
+    )
     print(f"   ratio                   {ratio}")
     print("   where the time goes:")
     print(
@@ -298,16 +326,28 @@ def _print(args: Any, report: dict) -> None:
     )
     print(f"     env workers busy {p['worker_busy']:.0%} (env seconds / (env + wait seconds))")
     if p["bottleneck"] == "learner":
-        print(f"   bottleneck: the learner (it waited for data {p['learner_wait_share']:.0%} of the time, under {LEARNER_BOUND_WAIT:.0%})")
+        print(
+            f"   bottleneck: the learner (it waited for data {p['learner_wait_share']:.0%} of the time, under {LEARNER_BOUND_WAIT:.0%})"
+        )
     else:
-        side = "the env workers" if p["worker_busy"] >= BUSY_TARGET else "the actor process (inference, unrolls) or the shared cores"
+        side = (
+            "the env workers"
+            if p["worker_busy"] >= BUSY_TARGET
+            else "the actor process (inference, unrolls) or the shared cores"
+        )
         print(f"   bottleneck: the actors, {side} (the learner waited {p['learner_wait_share']:.0%} of the time)")
     print()
-    print(f"{t['learner_ratio']} learner from the ring at {lr['ratio']:.2f} x the bare torch loop (target >= {LEARNER_TARGET:.2f})")
+    print(
+        f"{t['learner_ratio']} learner from the ring at {lr['ratio']:.2f} x the bare torch loop (target >= {LEARNER_TARGET:.2f})"
+    )
     if t["worker_busy"] == "N/A":
-        print(f"N/A env workers {p['worker_busy']:.0%} busy: the target (>= {BUSY_TARGET:.0%}) applies when the learner is not the bottleneck")
+        print(
+            f"N/A env workers {p['worker_busy']:.0%} busy: the target (>= {BUSY_TARGET:.0%}) applies when the learner is not the bottleneck"
+        )
     else:
-        print(f"{t['worker_busy']} env workers {p['worker_busy']:.0%} busy with the learner not the bottleneck (target >= {BUSY_TARGET:.0%})")
+        print(
+            f"{t['worker_busy']} env workers {p['worker_busy']:.0%} busy with the learner not the bottleneck (target >= {BUSY_TARGET:.0%})"
+        )
     sys.stdout.flush()
 
 

@@ -412,7 +412,9 @@ class Ceiling(Subject):
         # Anonymous mmap is MAP_SHARED: forked children see the parent's pages.
         self._mem = mmap.mmap(-1, data_offset + p * cap * size)
         self._words = memoryview(self._mem)[:counter_bytes].cast("q")
-        self._slots = np.frombuffer(self._mem, np.uint8, count=p * cap * size, offset=data_offset).reshape(p, cap, size)  # [producer, slot, byte]
+        self._slots = np.frombuffer(self._mem, np.uint8, count=p * cap * size, offset=data_offset).reshape(
+            p, cap, size
+        )  # [producer, slot, byte]
         self._cap = cap
 
     def produce(self, index: int) -> int:

@@ -211,7 +211,9 @@ class _Shmpad(Subject):
         warm_up(self.kind)
         cls = ring_class(self.kind)
         if self.kind == "spsc":
-            self._rings = [cls.create(capacity=plan.capacity_per_producer, slot_size=plan.size) for _ in range(plan.producers)]
+            self._rings = [
+                cls.create(capacity=plan.capacity_per_producer, slot_size=plan.size) for _ in range(plan.producers)
+            ]
         else:
             self._rings = [cls.create(capacity=plan.capacity, slot_size=plan.size)]
 
@@ -448,7 +450,12 @@ def _shmpad_subject(base: type[_Shmpad], kind: str, suffix: str) -> type[_Shmpad
 SHMPAD = [
     _shmpad_subject(base, kind, suffix)
     for kind in ("spsc", "mpmc")
-    for base, suffix in ((_ShmpadSingle, ""), (_ShmpadInto, "-into"), (_ShmpadBatch, "-batch"), (_ShmpadZeroCopy, "-zc"))
+    for base, suffix in (
+        (_ShmpadSingle, ""),
+        (_ShmpadInto, "-into"),
+        (_ShmpadBatch, "-batch"),
+        (_ShmpadZeroCopy, "-zc"),
+    )
 ]
 SUBJECTS: list[type[Subject]] = SHMPAD + PEERS
 
@@ -490,11 +497,15 @@ def measure(subject_type: type[Subject], plan: Plan, ring_stats: bool = False) -
     # role, before the barrier, after it, what to do with its result
     roles = [("consumer", subject.prepare_consumer, subject.consume, results_in.send)]
     for i in range(plan.producers):
-        roles.append((f"producer/{i}", nothing, functools.partial(subject.produce, i), functools.partial(sent.__setitem__, i)))
+        roles.append(
+            (f"producer/{i}", nothing, functools.partial(subject.produce, i), functools.partial(sent.__setitem__, i))
+        )
     # The parent kills a measurement after ``budget``; a child left on its own ends a bit later.
     budget = START_TIMEOUT_S + plan.seconds + DRAIN_TIMEOUT_S
     names = {
-        FORK.Process(target=child, args=(f"{what}/{role}", budget + 5, prepare, work, barrier, report), daemon=True): role
+        FORK.Process(
+            target=child, args=(f"{what}/{role}", budget + 5, prepare, work, barrier, report), daemon=True
+        ): role
         for role, prepare, work, report in roles
     }
     procs = list(names)
@@ -622,23 +633,42 @@ def targets(results: Results, subjects, sizes, producer_counts) -> list[str]:
                 for name in (single, batch):
                     if name and best_peer:
                         r = results.ratio(name, peers, size, producers)
-                        line(case, f"{name} >= 2x the best peer ({best_peer})", fmt_ratio(r), None if r is None else r >= 2)
+                        line(
+                            case,
+                            f"{name} >= 2x the best peer ({best_peer})",
+                            fmt_ratio(r),
+                            None if r is None else r >= 2,
+                        )
                 if size == 64:
                     for name, bar in ((single, 2e6), (batch, 20e6)):
                         if name:
                             rate = results.median(name, size, producers)
-                            line(case, f"{name} >= {fmt_rate(bar)} msgs/s", fmt_rate(rate), None if rate is None else rate >= bar)
+                            line(
+                                case,
+                                f"{name} >= {fmt_rate(bar)} msgs/s",
+                                fmt_rate(rate),
+                                None if rate is None else rate >= bar,
+                            )
             else:
                 if copying and ceiling:
                     r = results.ratio(copying, ceiling, size, producers)
                     shown = "-" if r is None else f"{r:.0%}"
-                    line(case, f"{copying} (copying reads) >= 80% of the ceiling", shown, None if r is None else r >= 0.8)
+                    line(
+                        case, f"{copying} (copying reads) >= 80% of the ceiling", shown, None if r is None else r >= 0.8
+                    )
                 if copying and best_peer:
                     r = results.ratio(copying, peers, size, producers)
-                    line(case, f"{copying} (copying reads) >= 1.2x the best peer ({best_peer})", fmt_ratio(r), None if r is None else r >= 1.2)
+                    line(
+                        case,
+                        f"{copying} (copying reads) >= 1.2x the best peer ({best_peer})",
+                        fmt_ratio(r),
+                        None if r is None else r >= 1.2,
+                    )
                 if zero and ceiling:
                     r = results.ratio(zero, ceiling, size, producers)
-                    line(case, f"{zero} (zero-copy reads) above the ceiling", fmt_ratio(r), None if r is None else r > 1)
+                    line(
+                        case, f"{zero} (zero-copy reads) above the ceiling", fmt_ratio(r), None if r is None else r > 1
+                    )
     if not lines:
         lines.append("  n/a   no shmpad subject was measured")
     return lines

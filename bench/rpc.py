@@ -311,7 +311,14 @@ def measure(subject_type: type[Subject], plan: Plan) -> Sample:
     )
     client = FORK.Process(
         target=child,
-        args=(f"{what}/client", budget + 5, nothing, functools.partial(run_client, subject, plan), barrier, results_in.send),
+        args=(
+            f"{what}/client",
+            budget + 5,
+            nothing,
+            functools.partial(run_client, subject, plan),
+            barrier,
+            results_in.send,
+        ),
         daemon=True,
     )
     started: list = []
@@ -332,7 +339,9 @@ def measure(subject_type: type[Subject], plan: Plan) -> Sample:
                 server.join()
                 client.join(STOP_TIMEOUT_S if server.exitcode == 0 else 0)
                 if client.exitcode is None:
-                    raise MeasurementFailed(f"{what}: the server exited with code {server.exitcode} while the client was calling")
+                    raise MeasurementFailed(
+                        f"{what}: the server exited with code {server.exitcode} while the client was calling"
+                    )
         if client.exitcode != 0:
             raise MeasurementFailed(f"{what}: the client exited with code {client.exitcode}")
         if not results.poll():
@@ -396,13 +405,17 @@ def fmt_us(x: float | None) -> str:
 
 
 def print_tables(results: Results, subjects, modes: list[str], args: Args) -> None:
-    print(f"RPC round trips of echo(64-byte bytes): medians of {args.rounds} round(s), {args.seconds:g} s per measurement.")
+    print(
+        f"RPC round trips of echo(64-byte bytes): medians of {args.rounds} round(s), {args.seconds:g} s per measurement."
+    )
     print("Ratios are medians of per-round ratios of calls/s. Each subject's calls:")
     for s in subjects:
         print(f"  {s.name:<8} {s.how}")
     shmpad = "shmpad" if any(s.family == "shmpad" for s in subjects) else None
     for mode in modes:
-        title = "one caller thread, one call at a time" if mode == "sync" else f"{mode.rsplit('-', 1)[1]} calls in flight"
+        title = (
+            "one caller thread, one call at a time" if mode == "sync" else f"{mode.rsplit('-', 1)[1]} calls in flight"
+        )
         print()
         print(f"== {mode}: {title} ==")
         print(f"  {'subject':<8} {'median us':>10} {'p99 us':>9} {'calls/s':>9} {'shmpad/this':>12}")
@@ -430,7 +443,11 @@ def targets(results: Results, subjects, modes: list[str]) -> list[str]:
     peers = [s.name for s in subjects if s.family == "peer"]
     if "sync" in modes:
         m = results.median("shmpad", "sync", "median_us")
-        line(f"shmpad sync median round trip <= {TARGET_MEDIAN_US:g} us", f"{fmt_us(m)} us", None if m is None else m <= TARGET_MEDIAN_US)
+        line(
+            f"shmpad sync median round trip <= {TARGET_MEDIAN_US:g} us",
+            f"{fmt_us(m)} us",
+            None if m is None else m <= TARGET_MEDIAN_US,
+        )
     for mode in modes:
         best = results.best(peers, mode)
         r = results.ratio("shmpad", peers, mode) if peers else None
@@ -451,9 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench.rpc: no subject left to measure")
     if any(s.family == "floor" for s in subjects):
         warm_up_floor()
-    plans = [
-        Plan(depth=depth, seconds=args.seconds, warmup_seconds=args.warmup) for depth in (1, args.in_flight)
-    ]
+    plans = [Plan(depth=depth, seconds=args.seconds, warmup_seconds=args.warmup) for depth in (1, args.in_flight)]
     modes = [p.mode for p in plans]
     results = Results()
     failures: list[str] = []

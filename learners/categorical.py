@@ -28,7 +28,9 @@ def action_log_probs(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tenso
     _check_logits(logits)
     check_int_tensor("actions", actions)
     if actions.shape != logits.shape[:-1]:
-        raise ValueError(f"actions must have the shape of logits without its last dimension, {tuple(logits.shape[:-1])}, got {tuple(actions.shape)}")
+        raise ValueError(
+            f"actions must have the shape of logits without its last dimension, {tuple(logits.shape[:-1])}, got {tuple(actions.shape)}"
+        )
     log_probs = F.log_softmax(logits, dim=-1)  # [..., A]
     return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)  # [...]
 
@@ -48,4 +50,6 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
 def _check_logits(logits: torch.Tensor) -> None:
     check_float_tensor("logits", logits)
     if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits must have at least one action in their last dimension, got shape {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must have at least one action in their last dimension, got shape {tuple(logits.shape)}"
+        )

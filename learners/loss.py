@@ -60,7 +60,9 @@ def _reduce(x: torch.Tensor, reduction: Reduction) -> torch.Tensor:
     raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
 
 
-def policy_gradient_loss(target_action_log_probs: torch.Tensor, pg_advantages: torch.Tensor, reduction: Reduction = "sum") -> torch.Tensor:
+def policy_gradient_loss(
+    target_action_log_probs: torch.Tensor, pg_advantages: torch.Tensor, reduction: Reduction = "sum"
+) -> torch.Tensor:
     """``-log pi(a_t|x_t) * pg_advantage_t`` reduced over ``[T, B, ...]``; the advantages are held constant."""
     return _reduce(-target_action_log_probs * pg_advantages.detach(), reduction)
 
@@ -124,8 +126,16 @@ def impala_loss(
     rewards = clip_rewards(rewards, reward_clip).to(values.dtype)  # [T, B, ...]
     discounts = (~done).to(values.dtype) * discount  # [T, B, ...]
     returns = vtrace.from_logits(
-        behaviour_logits, target_logits, actions, discounts, rewards, values, bootstrap_value,
-        clip_rho_threshold=clip_rho_threshold, clip_pg_rho_threshold=clip_pg_rho_threshold, lambda_=lambda_,
+        behaviour_logits,
+        target_logits,
+        actions,
+        discounts,
+        rewards,
+        values,
+        bootstrap_value,
+        clip_rho_threshold=clip_rho_threshold,
+        clip_pg_rho_threshold=clip_pg_rho_threshold,
+        lambda_=lambda_,
     )
     pg = policy_gradient_loss(returns.target_action_log_probs, returns.pg_advantages, reduction)
     baseline = baseline_loss(returns.vs - values, reduction)

@@ -59,9 +59,12 @@ class NatureTorso(nn.Module):
         self.obs_shape = _check_image_shape(obs_shape, smallest=36)
         c, h, w = self.obs_shape
         self.convs = nn.Sequential(
-            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Conv2d(c, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
         )
         for kernel, stride in ((8, 4), (4, 2), (3, 1)):
             h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1
@@ -99,7 +102,9 @@ class ResNetTorso(nn.Module):
     """IMPALA's deep network: stages of (conv 3x3, max-pool 3x3/2, two residual blocks), then ``hidden`` units;
     ``forward(obs [N, C, H, W] uint8) -> [N, hidden]``."""
 
-    def __init__(self, obs_shape: Sequence[int] = (4, 84, 84), channels: Sequence[int] = (16, 32, 32), hidden: int = 256):
+    def __init__(
+        self, obs_shape: Sequence[int] = (4, 84, 84), channels: Sequence[int] = (16, 32, 32), hidden: int = 256
+    ):
         super().__init__()
         self.obs_shape = _check_image_shape(obs_shape, smallest=1)
         c, h, w = self.obs_shape
@@ -177,7 +182,9 @@ class ActorCritic(nn.Module):
         shape = (self.core.num_layers, batch_size, self.core.hidden_size)
         return tuple(torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(2))
 
-    def forward(self, obs: torch.Tensor, done: torch.Tensor | None = None, core_state: tuple[torch.Tensor, ...] = ()) -> ModelOutput:
+    def forward(
+        self, obs: torch.Tensor, done: torch.Tensor | None = None, core_state: tuple[torch.Tensor, ...] = ()
+    ) -> ModelOutput:
         if not isinstance(obs, torch.Tensor):
             raise TypeError(f"obs must be a tensor, got {describe(obs)}")
         if obs.dim() != len(self.obs_shape) + 2 or tuple(obs.shape[2:]) != self.obs_shape:
@@ -190,7 +197,9 @@ class ActorCritic(nn.Module):
             x = x.view(T, B, -1)  # [T, B, features]
         return ModelOutput(self.policy(x), self.baseline(x).squeeze(-1), core_state)
 
-    def _unroll_core(self, x: torch.Tensor, done: torch.Tensor | None, core_state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _unroll_core(
+        self, x: torch.Tensor, done: torch.Tensor | None, core_state: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         T, B = x.shape[:2]
         if not isinstance(done, torch.Tensor) or done.dtype != torch.bool:
             raise TypeError(f"done must be a torch.bool tensor when the model has an LSTM, got {describe(done)}")
@@ -200,7 +209,9 @@ class ActorCritic(nn.Module):
             core_state = self.initial_state(B)
         expected = (self.core.num_layers, B, self.core.hidden_size)
         if len(core_state) != 2 or any(s.shape != expected for s in core_state):
-            raise ValueError(f"core_state must be (h, c), each of shape {expected}, got shapes {[tuple(s.shape) for s in core_state]}")
+            raise ValueError(
+                f"core_state must be (h, c), each of shape {expected}, got shapes {[tuple(s.shape) for s in core_state]}"
+            )
         not_done = (~done).to(x.dtype).view(T, 1, B, 1)  # [T, 1, B, 1]
         outputs = []
         for t in range(T):

@@ -130,10 +130,14 @@ def from_importance_weights(
         if tensor.shape != values.shape:
             raise ValueError(f"{name} must have the shape of values {tuple(values.shape)}, got {tuple(tensor.shape)}")
     if bootstrap_value.shape != values.shape[1:]:
-        raise ValueError(f"bootstrap_value must have the shape of values without T, {tuple(values.shape[1:])}, got {tuple(bootstrap_value.shape)}")
+        raise ValueError(
+            f"bootstrap_value must have the shape of values without T, {tuple(values.shape[1:])}, got {tuple(bootstrap_value.shape)}"
+        )
     for name, tensor in zip(names, tensors):
         if tensor.dtype != values.dtype or tensor.device != values.device:
-            raise TypeError(f"{name} must be {values.dtype} on {values.device} like values, got {tensor.dtype} on {tensor.device}")
+            raise TypeError(
+                f"{name} must be {values.dtype} on {values.device} like values, got {tensor.dtype} on {tensor.device}"
+            )
     check_threshold("clip_rho_threshold", clip_rho_threshold)
     check_threshold("clip_pg_rho_threshold", clip_pg_rho_threshold)
     check_number("lambda_", lambda_, 0, 1)

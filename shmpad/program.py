@@ -34,9 +34,7 @@ class Program:
             raise TypeError(f"add_node() takes a shmpad node (PyNode, CourierNode, ...), got {type(node).__name__}")
         if self._current_group:
             if label and label != self._current_group:
-                raise ValueError(
-                    f"The given label does not match the current group: {label} vs {self._current_group}."
-                )
+                raise ValueError(f"The given label does not match the current group: {label} vs {self._current_group}.")
             label = self._current_group
         elif not label:
             raise ValueError("Label should not be empty.")

@@ -63,7 +63,6 @@ class StallingCartPole(CartPoleEnv):
             time.sleep(self._seconds)
         return super().step(action)
 
-
     def _first_to_stall(self) -> bool:
         """True for exactly one environment, whichever process it is in."""
         try:

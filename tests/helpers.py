@@ -201,7 +201,9 @@ class Forked:
         self.name = name or fn.__name__
         self._conn, child_conn = FORK.Pipe(duplex=False)
         self._log_r, log_w = os.pipe()
-        self.process = FORK.Process(target=_forked_main, args=(child_conn, log_w, fn, args), name=self.name, daemon=True)
+        self.process = FORK.Process(
+            target=_forked_main, args=(child_conn, log_w, fn, args), name=self.name, daemon=True
+        )
         self.process.start()
         track_pid(self.process.pid)
         child_conn.close()
@@ -235,14 +237,20 @@ class Forked:
                             sel.unregister(self._log_r)
                 now = time.monotonic()
                 if now - start > timeout:
-                    raise AssertionError(f"{self.name} (pid {self.pid}) gave no result within {timeout} s: hung?{self._log_tail()}")
+                    raise AssertionError(
+                        f"{self.name} (pid {self.pid}) gave no result within {timeout} s: hung?{self._log_tail()}"
+                    )
                 if stall is not None and now - last > stall:
-                    raise AssertionError(f"{self.name} (pid {self.pid}) made no progress for {stall} s: hung?{self._log_tail()}")
+                    raise AssertionError(
+                        f"{self.name} (pid {self.pid}) made no progress for {stall} s: hung?{self._log_tail()}"
+                    )
         try:
             ok, value = self._conn.recv()
         except EOFError:
             self.process.join(10)
-            raise AssertionError(f"{self.name} (pid {self.pid}) exited with code {self.process.exitcode} without a result") from None
+            raise AssertionError(
+                f"{self.name} (pid {self.pid}) exited with code {self.process.exitcode} without a result"
+            ) from None
         if not ok:
             raise AssertionError(f"{self.name} (pid {self.pid}) failed:\n{value}")
         return value
@@ -303,5 +311,7 @@ def parse_message(m) -> tuple[int, int]:
         raise AssertionError(f"torn message: {len(m)} bytes, shorter than a header: {m!r}")
     producer, seq, n = MESSAGE_HEADER.unpack_from(m)
     if len(m) != n or m != make_message(producer, seq, n):
-        raise AssertionError(f"torn message: header says producer {producer} seq {seq} length {n}, got {len(m)} bytes: {m[:40]!r}...")
+        raise AssertionError(
+            f"torn message: header says producer {producer} seq {seq} length {n}, got {len(m)} bytes: {m[:40]!r}..."
+        )
     return producer, seq

@@ -62,8 +62,16 @@ def main() -> None:
     data = torch.Generator().manual_seed(sum(args.name.encode()) * 7919)
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    acc = Accumulator(model, optimizer, broker=args.broker, group=args.group, name=args.name, host=args.host,
-                      virtual_batch_size=args.virtual_batch_size, op_timeout=20.0)
+    acc = Accumulator(
+        model,
+        optimizer,
+        broker=args.broker,
+        group=args.group,
+        name=args.name,
+        host=args.host,
+        virtual_batch_size=args.virtual_batch_size,
+        op_timeout=20.0,
+    )
     try:
         while not stop.is_set():
             if not acc.ready(timeout=0.5):
@@ -77,8 +85,15 @@ def main() -> None:
                 optimizer.step()
                 with torch.no_grad():
                     model.seen += 8
-                emit(event="step", name=args.name, version=acc.version, hash=state_hash(model, optimizer),
-                     size=acc.size, abandoned=acc.abandoned, key=acc.ring_key)
+                emit(
+                    event="step",
+                    name=args.name,
+                    version=acc.version,
+                    hash=state_hash(model, optimizer),
+                    size=acc.size,
+                    abandoned=acc.abandoned,
+                    key=acc.ring_key,
+                )
             time.sleep(args.pace)
     finally:
         acc.close()

@@ -29,9 +29,27 @@ class Broker:
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1"):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shmpad.net.broker", "--host", host, "--port", str(port), "--settle", "0.3",
-             "--heartbeat", "0.5", "--timeout", "5"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, text=True, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "shmpad.net.broker",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--settle",
+                "0.3",
+                "--heartbeat",
+                "0.5",
+                "--timeout",
+                "5",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env(),
+            cwd=ROOT,
+            text=True,
+            start_new_session=True,
         )
         track_pid(self.proc.pid)
         line = self.proc.stdout.readline()

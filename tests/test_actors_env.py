@@ -114,7 +114,9 @@ def test_action_sets_and_spec():
 def test_unknown_env_id_names_it_and_suggests():
     with pytest.raises(ValueError, match=r"unknown environment id 'ALE/Pongg-v5'; did you mean 'ALE/Pong-v5'"):
         EnvConfig("ALE/Pongg-v5")
-    with pytest.raises(ValueError, match=r"unknown environment id 'NoSuchThing-v9' \(any id registered with gymnasium works"):
+    with pytest.raises(
+        ValueError, match=r"unknown environment id 'NoSuchThing-v9' \(any id registered with gymnasium works"
+    ):
         EnvConfig("NoSuchThing-v9")
     with pytest.raises(TypeError, match="env_id must be a str, got int"):
         EnvConfig(3)
@@ -143,5 +145,8 @@ def test_observation_not_matching_the_declared_space():
 
 
 def test_unsupported_spaces_are_refused():
-    with pytest.raises(ValueError, match=r"environment 'Blackjack-v1' has observation space Tuple\(.*\); shmpad workers need a Box or Discrete"):
+    with pytest.raises(
+        ValueError,
+        match=r"environment 'Blackjack-v1' has observation space Tuple\(.*\); shmpad workers need a Box or Discrete",
+    ):
         EnvConfig("Blackjack-v1").spec()

@@ -60,7 +60,10 @@ def test_sigkill_mid_step_is_reported_and_the_pool_stops(tmp_path, shm_leak_chec
         victim = _pid_in(marker)  # inside env.step, the half's slots half written
         assert victim in pool.worker_pids
         os.kill(victim, signal.SIGKILL)
-        with pytest.raises(EnvWorkerError, match=r"env worker \d \(pid \d+, environments \[.*\] of 'shmpadtest/Stalling-v0'\) was killed by signal 9 \(SIGKILL\)"):
+        with pytest.raises(
+            EnvWorkerError,
+            match=r"env worker \d \(pid \d+, environments \[.*\] of 'shmpadtest/Stalling-v0'\) was killed by signal 9 \(SIGKILL\)",
+        ):
             _drive(pool, 4)
         assert b.half == 0 and pool.closed
     finally:

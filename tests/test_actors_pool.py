@@ -100,9 +100,13 @@ def test_bad_actions_are_refused_with_the_value():
             pool.send(np.array([0, 2]))
         with pytest.raises(ValueError, match=r"action -1 for environment 0 is out of range"):
             pool.send([-1, 0])
-        with pytest.raises(ValueError, match=r"actions must have shape \(2,\) \(one per environment of the half\), got \(3,\)"):
+        with pytest.raises(
+            ValueError, match=r"actions must have shape \(2,\) \(one per environment of the half\), got \(3,\)"
+        ):
             pool.send([0, 1, 0])
-        with pytest.raises(TypeError, match=r"actions must be integers for Discrete\(2\) allows 0..1, got dtype float64"):
+        with pytest.raises(
+            TypeError, match=r"actions must be integers for Discrete\(2\) allows 0..1, got dtype float64"
+        ):
             pool.send([0.0, 1.0])
         with pytest.raises(RuntimeError, match=r"recv\(\) called again before send\(\) answered the previous batch"):
             pool.recv()

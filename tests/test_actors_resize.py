@@ -115,7 +115,9 @@ def test_push_max_and_fill():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match=r"area resize only shrinks: output size must be between 1 and the input size 10, got 11"):
+    with pytest.raises(
+        ValueError, match=r"area resize only shrinks: output size must be between 1 and the input size 10, got 11"
+    ):
         AreaResize((10, 10), (11, 5))
     r = AreaResize((10, 10), (5, 5))
     with pytest.raises(ValueError, match=r"src must be a uint8 array of shape \(10, 10\), got float32 \(10, 10\)"):

@@ -30,7 +30,9 @@ def test_inference_unrolls_replay_in_a_single_process_run(shm_leak_check):
     with EnvPool(config, 2, 2, seed=5) as pool:
         ring = TypedRing.create(trajectory_spec(pool.spec, T), capacity=16)
         try:
-            inference = BatchedInference(pool, TinyPolicy(), rollouts=RolloutWriter(ring, 2, pool.half_size, timeout=10))
+            inference = BatchedInference(
+                pool, TinyPolicy(), rollouts=RolloutWriter(ring, 2, pool.half_size, timeout=10)
+            )
             for _ in range(2 * (2 * T + 1)):  # two unrolls for each half
                 inference.step(timeout=30)
             first = {k: v.copy() for k, v in ring.get_batch(4, timeout=10).items()}  # environments 0..3

@@ -333,7 +333,9 @@ def test_float_value_fails_to_compile_with_type_error(make):
 N_PROCS = 4
 
 
-@pytest.mark.parametrize(("loop", "per_proc"), [(_fetch_add_loop, 1_000_000), (_cas_loop, 200_000)], ids=["fetch_add", "cas"])
+@pytest.mark.parametrize(
+    ("loop", "per_proc"), [(_fetch_add_loop, 1_000_000), (_cas_loop, 200_000)], ids=["fetch_add", "cas"]
+)
 def test_counters_are_exact_across_forked_processes(make_segment, loop, per_proc):
     seg = make_segment(data_bytes=4096)
     words = seg.words

@@ -211,7 +211,12 @@ def test_every_blocking_call_of_a_byte_ring_has_a_nowait_twin(multi):
     ring = (MPMCRing if multi else SPSCRing).create(2, 16)
     try:
         out = bytearray(16)
-        for call in (ring.get_nowait, ring.get_bytes_nowait, lambda: ring.get_into_nowait(out), lambda: ring.get_many_nowait(2)):
+        for call in (
+            ring.get_nowait,
+            ring.get_bytes_nowait,
+            lambda: ring.get_into_nowait(out),
+            lambda: ring.get_many_nowait(2),
+        ):
             with pytest.raises(WouldBlock):
                 call()
         ring.put_many_nowait([b"a", b"b"])

@@ -121,7 +121,9 @@ def fail_until(marker_dir, fail_times):
 @pytest.mark.parametrize(("fails", "retries", "ok"), [(1, 1, True), (2, 1, False), (1, 0, False), (0, 0, True)])
 def test_process_colocation_retries(tmp_path, fails, retries, ok, capfd):
     program = lp.Program("p")
-    colo = lp.MultiProcessingColocation([lp.PyNode(fail_until, str(tmp_path), fails), lp.PyNode(time.sleep, 0.2)], num_retries_on_failure=retries)
+    colo = lp.MultiProcessingColocation(
+        [lp.PyNode(fail_until, str(tmp_path), fails), lp.PyNode(time.sleep, 0.2)], num_retries_on_failure=retries
+    )
     program.add_node(colo, "colocated")
     manager = lp.launch(program, launch_type="test_mp")
     if ok:

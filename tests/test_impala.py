@@ -55,9 +55,28 @@ def test_cartpole_learns_through_the_full_stack(tmp_path):
     # rate 0.005 it fell from 497 to 378 after reaching 500 (training return over 100 episodes); at 0.003 such
     # dips stayed above 460. With both, 7 runs scored 479.8-500; gamma 0.99 at 0.005 had scored 402.9 and 411.3 in 8.
     run_bench(
-        "--env", "CartPole-v1", "--model", "mlp", "--total-frames", "750000", "--learning-rate", "0.003",
-        "--discount", "0.98", "--entropy-cost", "0.01", "--batch-size", "16", "--envs-per-worker", "16", "--log-interval", "5",
-        "--out", str(out), "--launch-type", "test_mp",
+        "--env",
+        "CartPole-v1",
+        "--model",
+        "mlp",
+        "--total-frames",
+        "750000",
+        "--learning-rate",
+        "0.003",
+        "--discount",
+        "0.98",
+        "--entropy-cost",
+        "0.01",
+        "--batch-size",
+        "16",
+        "--envs-per-worker",
+        "16",
+        "--log-interval",
+        "5",
+        "--out",
+        str(out),
+        "--launch-type",
+        "test_mp",
         timeout=600,
     )
     state = torch.load(out / "checkpoint.pt", weights_only=False)
@@ -86,8 +105,22 @@ def test_cartpole_learns_through_the_full_stack(tmp_path):
 def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     out = tmp_path / "pong"
     common = (
-        "--env", "ALE/Pong-v5", "--num-workers", "2", "--envs-per-worker", "2", "--batch-size", "4",
-        "--unroll-length", "10", "--log-interval", "1", "--out", str(out), "--launch-type", "test_mp",
+        "--env",
+        "ALE/Pong-v5",
+        "--num-workers",
+        "2",
+        "--envs-per-worker",
+        "2",
+        "--batch-size",
+        "4",
+        "--unroll-length",
+        "10",
+        "--log-interval",
+        "1",
+        "--out",
+        str(out),
+        "--launch-type",
+        "test_mp",
     )
     text = run_bench(*common, "--total-frames", "2400", timeout=300)
     assert "[learner/0] frames" in text and "fps" in text and "return(100)" in text and "queue" in text
@@ -113,11 +146,42 @@ def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
     env = {**os.environ, "SHMPAD_TOKEN": TOKEN}
     runs = []
     for i in range(2):
-        args = ["--env", "CartPole-v1", "--model", "mlp", "--total-frames", "20000", "--num-workers", "1",
-                "--envs-per-worker", "8", "--batch-size", "16", "--log-interval", "1", "--out", str(tmp_path / f"h{i}"),
-                "--launch-type", "test_mp", "--peers", broker.address, "--group", "cartpole", "--min-peers", "2", "--seed", str(i)]
-        proc = subprocess.Popen([sys.executable, "-m", "bench.impala", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=ROOT)
+        args = [
+            "--env",
+            "CartPole-v1",
+            "--model",
+            "mlp",
+            "--total-frames",
+            "20000",
+            "--num-workers",
+            "1",
+            "--envs-per-worker",
+            "8",
+            "--batch-size",
+            "16",
+            "--log-interval",
+            "1",
+            "--out",
+            str(tmp_path / f"h{i}"),
+            "--launch-type",
+            "test_mp",
+            "--peers",
+            broker.address,
+            "--group",
+            "cartpole",
+            "--min-peers",
+            "2",
+            "--seed",
+            str(i),
+        ]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.impala", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            cwd=ROOT,
+        )
         track_pid(proc.pid)
         runs.append(proc)
     try:

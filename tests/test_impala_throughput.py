@@ -11,8 +11,18 @@ import pytest
 from test_impala import run_bench
 
 TINY = (
-    "--env", "ALE/Pong-v5", "--num-workers", "2", "--envs-per-worker", "2", "--batch-size", "4",
-    "--unroll-length", "5", "--total-frames", "3000",
+    "--env",
+    "ALE/Pong-v5",
+    "--num-workers",
+    "2",
+    "--envs-per-worker",
+    "2",
+    "--batch-size",
+    "4",
+    "--unroll-length",
+    "5",
+    "--total-frames",
+    "3000",
 )
 
 
@@ -22,7 +32,9 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
     lines = text.splitlines()
     assert lines[0].startswith("# bench.impala_throughput")
     assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 3
-    assert len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 3
+    assert (
+        len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 3
+    )
     for section in ("1. Learner framework cost", "2. Whole pipeline", "where the time goes:", "bottleneck: the "):
         assert any(section in line for line in lines), section
     assert any(re.match(r"(PASS|FAIL) learner from the ring at [\d.]+ x the bare torch loop", line) for line in lines)
@@ -30,14 +42,25 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
     assert not any("[learner/0]" in line or "[actor/0]" in line for line in lines)  # the program's lines stay out
 
     assert lines[-1].startswith("report: ")
-    report = json.loads(lines[-1][len("report: "):])
+    report = json.loads(lines[-1][len("report: ") :])
     assert report["env"] == "ALE/Pong-v5" and report["rounds"] == 3
     assert set(report["learner"]) == {"bare_updates_per_s", "ring_updates_per_s", "ring_wait_share", "ratio", "seconds"}
     assert report["learner"]["bare_updates_per_s"] > 0 and report["learner"]["ring_updates_per_s"] > 0
     assert set(report["pipeline"]) == {
-        "frames_per_s", "seconds", "learner_frames_per_s", "learner_updates_per_s", "learner_wait_share",
-        "learner_ms_per_update", "inference_ms_per_batch", "actor_inference_share", "actor_wait_share",
-        "actor_rollout_share", "worker_busy", "ceiling_frames_per_s", "ratio_to_ceiling", "bottleneck",
+        "frames_per_s",
+        "seconds",
+        "learner_frames_per_s",
+        "learner_updates_per_s",
+        "learner_wait_share",
+        "learner_ms_per_update",
+        "inference_ms_per_batch",
+        "actor_inference_share",
+        "actor_wait_share",
+        "actor_rollout_share",
+        "worker_busy",
+        "ceiling_frames_per_s",
+        "ratio_to_ceiling",
+        "bottleneck",
     }
     p = report["pipeline"]
     assert p["frames_per_s"] > 0 and p["ceiling_frames_per_s"] > 0 and p["ratio_to_ceiling"] > 0

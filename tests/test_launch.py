@@ -192,7 +192,9 @@ def test_wait_for_some_labels_only(launch_type):
         manager.wait(["main"])
         assert not manager.stop_event().is_set()
         assert manager.wait_for_stop(0.05) is False
-        with pytest.raises(ValueError, match=r"no running nodes labelled \['nope'\]; labels with nodes: \['daemon', 'main'\]"):
+        with pytest.raises(
+            ValueError, match=r"no running nodes labelled \['nope'\]; labels with nodes: \['daemon', 'main'\]"
+        ):
             manager.wait(["nope"])
     finally:
         manager.stop_and_wait()
@@ -232,7 +234,9 @@ def kills_itself():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-@pytest.mark.parametrize(("fn", "expected"), [(exits_with, "exited with code 3"), (kills_itself, "was killed by signal 9 (SIGKILL)")])
+@pytest.mark.parametrize(
+    ("fn", "expected"), [(exits_with, "exited with code 3"), (kills_itself, "was killed by signal 9 (SIGKILL)")]
+)
 def test_nonzero_exit_and_death_by_signal_are_failures(fn, expected, capfd):
     program = lp.Program("exits")
     program.add_node(lp.PyNode(fn, 3) if fn is exits_with else lp.PyNode(fn), "dies")
@@ -285,7 +289,9 @@ def test_local_resources_env_and_args():
     results = program.add_node(lp.RingNode(4, slot_size=4096), "results")
     program.add_node(lp.PyNode(report_environment, results), "configured")
     program.add_node(lp.PyNode(blocks_until_stop), "keeps_the_program_running")
-    resources = {"configured": lp.PythonProcess(env={"SHMPAD_TEST_VAR": "42"}, args={"lr": 0.5, "debug": True, "cuda": False})}
+    resources = {
+        "configured": lp.PythonProcess(env={"SHMPAD_TEST_VAR": "42"}, args={"lr": 0.5, "debug": True, "cuda": False})
+    }
     manager = lp.launch(program, launch_type="test_mp", local_resources=resources)
     try:
         env, argv = eval(results.dereference().get_bytes(timeout=30).decode())
@@ -389,7 +395,10 @@ def test_courier_call_timeout_from_the_handle():
         outcome = results.dereference().get_bytes(timeout=30).decode()
     finally:
         manager.stop_and_wait()
-    assert "call to 'slow' on 'courier node CourierNode(SlowToStart)' did not complete within call_timeout=1.0 s" in outcome
+    assert (
+        "call to 'slow' on 'courier node CourierNode(SlowToStart)' did not complete within call_timeout=1.0 s"
+        in outcome
+    )
 
 
 def learner(store):

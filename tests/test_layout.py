@@ -21,7 +21,9 @@ def test_the_broker_runs_as_a_module_without_a_second_copy():
     # ``python -m shmpad.net.broker`` runs the module as __main__: the package must not have imported it already
     out = subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-m", "shmpad.net.broker", "--help"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "usage" in out.stdout.lower()

@@ -19,7 +19,14 @@ T, B, OBS, A = 5, 4, (3,), 2
 
 def _spec():
     return trajectory_spec(
-        EnvSpec(env_id="Test-v0", obs_shape=OBS, obs_dtype=np.dtype(np.float32), action_shape=(), action_dtype=np.dtype(np.int64), num_actions=A),
+        EnvSpec(
+            env_id="Test-v0",
+            obs_shape=OBS,
+            obs_dtype=np.dtype(np.float32),
+            action_shape=(),
+            action_dtype=np.dtype(np.int64),
+            num_actions=A,
+        ),
         T,
     )
 
@@ -113,7 +120,10 @@ def test_bad_configuration():
         LearnerConfig(batch_size=0).check()
     r = TypedRing.create(_spec(), capacity=4)
     try:
-        with pytest.raises(ValueError, match=r"the model's LSTM core needs trajectory slots holding its state of shapes \[\(1, 64\), \(1, 64\)\], got \[\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"the model's LSTM core needs trajectory slots holding its state of shapes \[\(1, 64\), \(1, 64\)\], got \[\]",
+        ):
             Learner(make_model("mlp", OBS, A, use_lstm=True), r, LearnerConfig())
     finally:
         r.close()

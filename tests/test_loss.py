@@ -44,7 +44,9 @@ def reference_targets(b, discount, reward_clip):
     rewards = np.clip(b["rewards"].numpy(), -reward_clip, reward_clip)
     discounts = (~b["done"].numpy()) * discount
     values = b["values"].detach().numpy()
-    vs, pg_advantages = reference_vtrace(target_log_pi - behaviour_log_mu, discounts, rewards, values, b["bootstrap_value"].numpy(), 1.0, 1.0, 1.0)
+    vs, pg_advantages = reference_vtrace(
+        target_log_pi - behaviour_log_mu, discounts, rewards, values, b["bootstrap_value"].numpy(), 1.0, 1.0, 1.0
+    )
     return target_log_pi, vs, pg_advantages
 
 
@@ -72,7 +74,9 @@ def test_matches_reference(reduction, T, B):
 
 def test_float32_matches_float64():
     b64 = batch(seed=4)
-    b32 = {k: (v.detach().float().requires_grad_(v.requires_grad) if v.is_floating_point() else v) for k, v in b64.items()}
+    b32 = {
+        k: (v.detach().float().requires_grad_(v.requires_grad) if v.is_floating_point() else v) for k, v in b64.items()
+    }
     for got, want in zip(impala_loss(**b32), impala_loss(**b64)):
         assert got.dtype == torch.float32
         np.testing.assert_allclose(got.item(), want.item(), rtol=1e-4)
@@ -94,8 +98,17 @@ def test_done_cuts_the_return():
     logits = torch.zeros(T, B, 2, dtype=torch.float64)
     done = torch.tensor([[False], [True], [False]])
     values = torch.zeros(T, B, dtype=torch.float64, requires_grad=True)
-    loss = impala_loss(logits, logits, torch.zeros(T, B, dtype=torch.long), torch.ones(T, B, dtype=torch.float64), done, values,
-                       torch.full((B,), 10.0, dtype=torch.float64), discount=0.5, entropy_cost=0.0)
+    loss = impala_loss(
+        logits,
+        logits,
+        torch.zeros(T, B, dtype=torch.long),
+        torch.ones(T, B, dtype=torch.float64),
+        done,
+        values,
+        torch.full((B,), 10.0, dtype=torch.float64),
+        discount=0.5,
+        entropy_cost=0.0,
+    )
     vs = [1.5, 1.0, 1.0 + 0.5 * 10.0]
     np.testing.assert_allclose(loss.baseline.item(), 0.5 * sum(v * v for v in vs))
 
@@ -132,7 +145,9 @@ def test_a_bandit_learns_the_better_arm():
             behaviour = model(obs).policy_logits
         actions = torch.distributions.Categorical(logits=behaviour).sample()
         out = model(obs)
-        loss = impala_loss(behaviour, out.policy_logits, actions, actions.float(), done, out.baseline, out.baseline[-1].detach())
+        loss = impala_loss(
+            behaviour, out.policy_logits, actions, actions.float(), done, out.baseline, out.baseline[-1].detach()
+        )
         optimizer.zero_grad()
         loss.total.backward()
         optimizer.step()

@@ -66,7 +66,11 @@ def test_recorded_core_states_replay_in_a_single_process_run(shm_leak_check):
         for f in unrolls[u]:
             if not f.startswith("core_state_"):
                 np.testing.assert_array_equal(unrolls[u][f][:, 0], unrolls[u - 1][f][:, T])
-    rows = {f: np.concatenate([unrolls[0][f]] + [u[f][:, 1:] for u in unrolls[1:]], axis=1) for f in unrolls[0] if not f.startswith("core_state_")}
+    rows = {
+        f: np.concatenate([unrolls[0][f]] + [u[f][:, 1:] for u in unrolls[1:]], axis=1)
+        for f in unrolls[0]
+        if not f.startswith("core_state_")
+    }
     # The model over the recorded observations, one half (the same batch of 2) at a time.
     for half in range(2):
         envs = slice(2 * half, 2 * half + 2)
@@ -133,19 +137,35 @@ def test_learner_reproduces_the_behaviour_logits_from_the_stored_state(shm_leak_
 def test_an_lstm_model_needs_the_core_state_in_the_slots(shm_leak_check):
     ring = TypedRing.create(trajectory_spec(EnvConfig("CartPole-v1").spec(), T), capacity=4)
     try:
-        with pytest.raises(ValueError, match=r"needs trajectory slots holding its state of shapes \[\(1, 64\), \(1, 64\)\], got \[\]"):
+        with pytest.raises(
+            ValueError, match=r"needs trajectory slots holding its state of shapes \[\(1, 64\), \(1, 64\)\], got \[\]"
+        ):
             Learner(_lstm_model(), ring, LearnerConfig())
     finally:
         ring.close()
-    with EnvPool(EnvConfig("CartPole-v1"), 1, 2) as pool, pytest.raises(ValueError, match="policy= is for feed-forward models"):
+    with (
+        EnvPool(EnvConfig("CartPole-v1"), 1, 2) as pool,
+        pytest.raises(ValueError, match="policy= is for feed-forward models"),
+    ):
         BatchedInference(pool, _lstm_model(), policy=lambda m, obs: m(obs[None]).policy_logits[0])
 
 
 def test_cartpole_lstm_run_through_the_full_stack(tmp_path):
     out = tmp_path / "cartpole-lstm"
     text = run_bench(
-        "--env", "CartPole-v1", "--model", "mlp", "--use-lstm", "--total-frames", "20000", "--log-interval", "2",
-        "--out", str(out), "--launch-type", "test_mp",
+        "--env",
+        "CartPole-v1",
+        "--model",
+        "mlp",
+        "--use-lstm",
+        "--total-frames",
+        "20000",
+        "--log-interval",
+        "2",
+        "--out",
+        str(out),
+        "--launch-type",
+        "test_mp",
         timeout=300,
     )
     assert "done: " in text

@@ -36,7 +36,9 @@ HEADS = linear(512, 18) + linear(512, 1)
 
 def test_nature_cnn_parameter_count():
     # 84 -> 20 -> 9 -> 7 after the three convolutions.
-    expected = conv(4, 32, 8) + conv(32, 64, 4) + conv(64, 64, 3) + linear(64 * 7 * 7, 512) + linear(512, 18) + linear(512, 1)
+    expected = (
+        conv(4, 32, 8) + conv(32, 64, 4) + conv(64, 64, 3) + linear(64 * 7 * 7, 512) + linear(512, 18) + linear(512, 1)
+    )
     assert expected == 1_693_875  # "about 1.7M"
     assert count(make_model("shallow", (4, 84, 84), 18)) == expected
 
@@ -160,7 +162,9 @@ def test_an_update_step_changes_every_weight(kind, use_lstm):
 def test_bad_arguments_are_named():
     model = model_of("shallow", use_lstm=True)
     obs, done = observations("shallow", 2, 3), torch.zeros(2, 3, dtype=torch.bool)
-    with pytest.raises(TypeError, match=r"observations must be a torch.uint8 tensor of frames, got a torch.float32 tensor"):
+    with pytest.raises(
+        TypeError, match=r"observations must be a torch.uint8 tensor of frames, got a torch.float32 tensor"
+    ):
         model(obs.float(), done)
     with pytest.raises(ValueError, match=r"obs must be \[T, B, \*\(4, 84, 84\)\], got shape \(3, 4, 84, 84\)"):
         model(obs[0], done)
@@ -168,7 +172,10 @@ def test_bad_arguments_are_named():
         model(obs)
     with pytest.raises(ValueError, match=r"done must be \[T, B\] = \(2, 3\), got shape \(2,\)"):
         model(obs, done[:, 0])
-    with pytest.raises(ValueError, match=r"core_state must be \(h, c\), each of shape \(1, 3, 512\), got shapes \[\(1, 2, 512\), \(1, 2, 512\)\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"core_state must be \(h, c\), each of shape \(1, 3, 512\), got shapes \[\(1, 2, 512\), \(1, 2, 512\)\]",
+    ):
         model(obs, done, model.initial_state(2))
     with pytest.raises(TypeError, match=r"observations must be a floating point tensor, got a torch.uint8 tensor"):
         model_of("mlp")(torch.zeros(1, 1, 4, dtype=torch.uint8))

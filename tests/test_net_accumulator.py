@@ -76,8 +76,14 @@ def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
     broker = BrokerProcess(port=broker.port)
     procs.append(broker)
     for p in peers:
-        p.wait(lambda p: any(s["key"].split("/")[0] != old_key for s in p.steps[-1:]) and len(
-            [s for s in p.steps if s["key"].split("/")[0] != old_key]) >= 5, 30, "5 steps under the new broker")
+        p.wait(
+            lambda p: (
+                any(s["key"].split("/")[0] != old_key for s in p.steps[-1:])
+                and len([s for s in p.steps if s["key"].split("/")[0] != old_key]) >= 5
+            ),
+            30,
+            "5 steps under the new broker",
+        )
     for p in peers:
         p.finish()
     assert_identical(peers)
@@ -102,7 +108,9 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
     stalled.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     for p in others:
-        p.wait(lambda p: len(p.steps_with(2, after=stopped)) >= 3, 30, "3 steps in a group of 2 without the stalled peer")
+        p.wait(
+            lambda p: len(p.steps_with(2, after=stopped)) >= 3, 30, "3 steps in a group of 2 without the stalled peer"
+        )
     resumed = time.monotonic()
     stalled.proc.send_signal(signal.SIGCONT)
     for p in peers:
@@ -134,8 +142,9 @@ def run_peers(bodies, **kwargs) -> list:
 
         def peer(i, body):
             model = torch.nn.Linear(2, 1, bias=False)
-            acc = Accumulator(model, broker=broker.address, group="g", name=f"t{i}", token="t",
-                              min_size=len(bodies), **kwargs)
+            acc = Accumulator(
+                model, broker=broker.address, group="g", name=f"t{i}", token="t", min_size=len(bodies), **kwargs
+            )
             try:
                 assert acc.ready(timeout=30)
                 results[i] = body(acc, model)
@@ -189,9 +198,11 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
     """a forms the ring of {a, b} while b is busy elsewhere; c joins. a must move on
     to {a, b, c} at once, not wait out its 30 s timeout for a ring b will never form."""
     with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
+
         def make(name: str) -> Accumulator:
-            return Accumulator(torch.nn.Linear(2, 1), broker=broker.address, group="g", name=name, token="t",
-                               op_timeout=30.0)
+            return Accumulator(
+                torch.nn.Linear(2, 1), broker=broker.address, group="g", name=name, token="t", op_timeout=30.0
+            )
 
         a, b = make("a"), make("b")
         try:
@@ -222,6 +233,7 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
 def test_weights_that_drift_apart_are_found_and_resynced():
     """Steps keep the weights bit-identical only if every peer computes them the same
     way; the periodic digest check finds a peer that drifted and brings it back."""
+
     def body(acc, model):
         for i in range(3):
             set_grad(model, [1.0, 1.0])

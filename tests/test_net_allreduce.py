@@ -60,7 +60,9 @@ class Group:
                 down_r, down_w = FORK.Pipe(duplex=False)
                 pipes.append((up_r, down_w))
                 extra = (per_rank[rank],) if per_rank is not None else ()
-                self.members.append(Forked(_member, rank, size, up_w, down_r, chunk_bytes, fn, (*extra, *args), name=f"rank {rank}"))
+                self.members.append(
+                    Forked(_member, rank, size, up_w, down_r, chunk_bytes, fn, (*extra, *args), name=f"rank {rank}")
+                )
                 up_w.close()
                 down_r.close()
             addresses = []
@@ -275,7 +277,9 @@ def test_members_starting_different_operations_are_abandoned_not_mixed():
     messages = run_group(2, _mismatched)
     for msg in messages:
         assert "was abandoned" in msg
-    assert any("allreduce(<f4 x 10, op='sum')" in m and "allreduce(<f4 x 11, op='sum')" in m for m in messages), messages
+    assert any("allreduce(<f4 x 10, op='sum')" in m and "allreduce(<f4 x 11, op='sum')" in m for m in messages), (
+        messages
+    )
 
 
 def _until_abandoned(ring: PeerRing, count: int, victim: int) -> dict:
@@ -446,7 +450,9 @@ def test_a_wrong_rank_is_refused_while_the_ring_forms(meshes):
     a, b, c = meshes(3)
     addresses = [m.address for m in (a, b, c)]
     failed: list = []
-    forming = threading.Thread(target=lambda: failed.append(pytest.raises(Abandoned, a.ring, "e", addresses, 0, timeout=1)))
+    forming = threading.Thread(
+        target=lambda: failed.append(pytest.raises(Abandoned, a.ring, "e", addresses, 0, timeout=1))
+    )
     forming.start()
     wait_until(lambda: "e" in a._forming, 5)
     assert "expects rank 2 to connect to rank 0, got rank 1" in _hello(a, ring="e", rank=1, size=3)["refused"]
@@ -488,7 +494,9 @@ def test_closing_the_mesh_abandons_its_rings(meshes):
     a, b = meshes(2)
     ra, rb = _form([a, b], "k", timeout=5)
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(pytest.raises(Abandoned, ra.allreduce, np.ones(3), timeout=None)))
+    waiter = threading.Thread(
+        target=lambda: got.append(pytest.raises(Abandoned, ra.allreduce, np.ones(3), timeout=None))
+    )
     waiter.start()
     wait_until(ra._busy.locked, 5)
     a.close()
@@ -516,7 +524,9 @@ def test_bench_measures_both_subjects_and_leaves_no_process():
     assert set(FORK.active_children()) == before
 
 
-def _ring_in_thread(mesh: Mesh, key: str, addresses: list[str], rank: int, timeout: float) -> tuple[threading.Thread, dict]:
+def _ring_in_thread(
+    mesh: Mesh, key: str, addresses: list[str], rank: int, timeout: float
+) -> tuple[threading.Thread, dict]:
     out: dict = {}
 
     def run() -> None:

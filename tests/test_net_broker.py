@@ -44,7 +44,12 @@ class BrokerProcess:
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shmpad.net.broker", *args],
-                stdout=subprocess.PIPE, stderr=log, bufsize=0, cwd=REPO, env=env, start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                bufsize=0,
+                cwd=REPO,
+                env=env,
+                start_new_session=True,
             )
         track_pid(self.proc.pid)
         self.address = ""
@@ -67,9 +72,14 @@ class BrokerProcess:
         """The first log line that holds ``text`` (and ``:port``, if given), waiting for it."""
 
         def find():
-            return next((line for line in self.log().splitlines() if text in line and (port is None or f":{port}" in line)), None)
+            return next(
+                (line for line in self.log().splitlines() if text in line and (port is None or f":{port}" in line)),
+                None,
+            )
 
-        assert wait_until(lambda: find() is not None, timeout), f"broker logged no line with {text!r} (port {port}):\n{self.log()}"
+        assert wait_until(lambda: find() is not None, timeout), (
+            f"broker logged no line with {text!r} (port {port}):\n{self.log()}"
+        )
         return find()
 
     def signal(self, sig: int, timeout: float = 10.0) -> int:
@@ -126,7 +136,9 @@ def wait_names(client: GroupClient, names: list[str], timeout: float = 5.0) -> M
     return wait_for(client, lambda m: list(m.names) == names, f"a list of {names}", timeout)
 
 
-def raw_join(broker: BrokerProcess | broker_module.Broker, group: str, name: str, address: str = "raw:1") -> wire.Connection:
+def raw_join(
+    broker: BrokerProcess | broker_module.Broker, group: str, name: str, address: str = "raw:1"
+) -> wire.Connection:
     """A member that joins by hand and then says nothing more."""
     conn = auth.connect(broker.address, TOKEN)
     conn.send_json({"op": "join", "group": group, "name": name, "address": address})
@@ -161,8 +173,14 @@ def peer_sees(proc: subprocess.Popen, members: set[str], timeout: float = 10.0) 
 
 def spawn_peer(broker: BrokerProcess, group: str, name: str, address: str) -> subprocess.Popen:
     env = dict(os.environ, **{auth.TOKEN_ENV: TOKEN})
-    proc = subprocess.Popen([sys.executable, "-c", PEER, broker.address, group, name, address],
-                            stdout=subprocess.PIPE, bufsize=0, cwd=REPO, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PEER, broker.address, group, name, address],
+        stdout=subprocess.PIPE,
+        bufsize=0,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+    )
     track_pid(proc.pid)
     return proc
 
@@ -251,7 +269,11 @@ def test_rejoin_with_the_same_name_replaces(start_broker, clients):
     try:
         assert wait_names(observer, ["observer", "x"]).members[1].address == "old:1"
         new = clients(broker, "g", "x", "new:2")
-        wait_for(observer, lambda m: m.members == (Member("observer", "observer.example:7000"), Member("x", "new:2")), "x at new:2")
+        wait_for(
+            observer,
+            lambda m: m.members == (Member("observer", "observer.example:7000"), Member("x", "new:2")),
+            "x at new:2",
+        )
         farewell = next(msg for msg in iter(old.recv_json, None) if msg["op"] == "error")
         assert farewell["replaced"] is True and "'x' joined group 'g' again" in farewell["message"]
         with pytest.raises(ConnectionError):
@@ -296,19 +318,41 @@ def _attacks(marker: str):
     yield "wrong-token", lambda b: attacks.send_wrong_token(b.address, TOKEN.encode()), "wrong token"
     yield "random-hello", lambda b: attacks.send_random_hello(b.address, TOKEN.encode()), "not a shmpad client"
     yield "random-frame", lambda b: attacks.send_random_frame(b.address, TOKEN.encode()), "bad frame magic"
-    yield "100-GiB", lambda b: attacks.send_huge_frame(b.address, TOKEN.encode()), f"frame claims {attacks.HUNDRED_GIB} bytes"
-    yield "truncated", lambda b: attacks.send_truncated_frame(b.address, TOKEN.encode()), "in the middle of a 1000-byte frame"
+    yield (
+        "100-GiB",
+        lambda b: attacks.send_huge_frame(b.address, TOKEN.encode()),
+        f"frame claims {attacks.HUNDRED_GIB} bytes",
+    )
+    yield (
+        "truncated",
+        lambda b: attacks.send_truncated_frame(b.address, TOKEN.encode()),
+        "in the middle of a 1000-byte frame",
+    )
     for kind in wire.Kind:
-        text = "not valid UTF-8 JSON" if kind == wire.Kind.CONTROL else f"expected a CONTROL frame, got kind {int(kind)}"
+        text = (
+            "not valid UTF-8 JSON" if kind == wire.Kind.CONTROL else f"expected a CONTROL frame, got kind {int(kind)}"
+        )
         for join_first in (False, True):
             name = f"pickle-{kind.name}{'-after-join' if join_first else ''}"
-            yield name, (lambda b, k=kind, j=join_first: attacks.send_pickle(b.address, TOKEN.encode(), k, marker, j)), text
+            yield (
+                name,
+                (lambda b, k=kind, j=join_first: attacks.send_pickle(b.address, TOKEN.encode(), k, marker, j)),
+                text,
+            )
     for i, (msg, text) in enumerate(BAD_JOINS):
         yield f"bad-join-{i}", (lambda b, m=msg, t=text: _bad_join(b, m, t)), text
     not_an_object = attacks._raw_frame(wire.Kind.CONTROL, b"[1, 2]")
-    yield "json-list", lambda b: attacks.send_frame_bytes(b.address, TOKEN.encode(), not_an_object), "must hold a JSON object, got list"
+    yield (
+        "json-list",
+        lambda b: attacks.send_frame_bytes(b.address, TOKEN.encode(), not_an_object),
+        "must hold a JSON object, got list",
+    )
     unknown_op = attacks._raw_frame(wire.Kind.CONTROL, b'{"op": "dance"}')
-    yield "unknown-op", lambda b: attacks.send_frame_bytes(b.address, TOKEN.encode(), unknown_op, True), "unknown op 'dance'"
+    yield (
+        "unknown-op",
+        lambda b: attacks.send_frame_bytes(b.address, TOKEN.encode(), unknown_op, True),
+        "unknown op 'dance'",
+    )
 
 
 ATTACK_NAMES = [name for name, _, _ in _attacks("")]
@@ -436,7 +480,10 @@ def test_a_full_group_refuses_joins(monkeypatch):
         try:
             with auth.connect(broker.address, TOKEN) as conn:
                 conn.send_json({"op": "join", "group": "g", "name": "third", "address": "a:1"})
-                assert conn.recv_json() == {"op": "error", "message": "group 'g' is full: its member list would exceed 100 bytes"}
+                assert conn.recv_json() == {
+                    "op": "error",
+                    "message": "group 'g' is full: its member list would exceed 100 bytes",
+                }
             assert all(not m.closed for m in members)
         finally:
             for m in members:
@@ -530,8 +577,13 @@ def test_peers_in_separate_network_namespaces(start_broker, netns, tmp_path):  #
     assert broker.address == f"{one.gateway}:{broker.port}"
     env = dict(os.environ, **{auth.TOKEN_ENV: TOKEN})
     peers = [
-        ns.popen([sys.executable, "-c", PEER, broker.address, "g", name, f"{ns.ip}:7000"],
-                 stdout=subprocess.PIPE, bufsize=0, cwd=REPO, env=env)
+        ns.popen(
+            [sys.executable, "-c", PEER, broker.address, "g", name, f"{ns.ip}:7000"],
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            cwd=REPO,
+            env=env,
+        )
         for ns, name in ((one, "one"), (two, "two"))
     ]
     for proc in peers:

@@ -250,7 +250,9 @@ def test_remote_exception_has_type_message_and_traceback(client):
 def test_call_timeout_sync_and_futures(server):
     with TcpRpcClient(server.address, call_timeout=0.3) as c:
         start = time.monotonic()
-        with pytest.raises(Timeout, match=r"call to 'sleep' on '127\.0\.0\.1:\d+' did not complete within call_timeout=0\.3 s"):
+        with pytest.raises(
+            Timeout, match=r"call to 'sleep' on '127\.0\.0\.1:\d+' did not complete within call_timeout=0\.3 s"
+        ):
             c.sleep(1.0)
         assert time.monotonic() - start < 0.9
         with pytest.raises(Timeout, match="call to 'sleep'"):
@@ -284,7 +286,10 @@ def test_nobody_listening_gives_up_at_the_deadline(remote):
     address, _ = remote
     with TcpRpcClient(address, call_timeout=0.3) as c, pytest.raises(Timeout, match="call_timeout=0.3 s"):
         c.ping()
-    with TcpRpcClient(address, connect_timeout=0.3) as c, pytest.raises(Timeout, match="accepted a connection within 0.3 s"):
+    with (
+        TcpRpcClient(address, connect_timeout=0.3) as c,
+        pytest.raises(Timeout, match="accepted a connection within 0.3 s"),
+    ):
         c.ping()
 
 
@@ -299,7 +304,9 @@ def test_large_argument_and_result(client):
 
 def test_calls_and_replies_beyond_the_frame_limit_fail_alone(server):
     with TcpRpcClient(server.address, max_frame=1 << 20) as c:
-        with pytest.raises(ValueError, match=r"the arguments of 'echo' are \d+ bytes; one call carries at most 1048576"):
+        with pytest.raises(
+            ValueError, match=r"the arguments of 'echo' are \d+ bytes; one call carries at most 1048576"
+        ):
             c.echo(np.zeros(2 << 20, np.uint8))
         assert c.ping() == "pong"
     with TcpRpcServer(Service(), max_frame=1 << 20) as small, TcpRpcClient(small.address) as c:
@@ -319,7 +326,9 @@ def test_server_killed_fails_pending_calls_and_the_next_call_reconnects(remote):
         caller.start()
         kill_pid(first.pid)
         began = time.monotonic()
-        with pytest.raises(ConnectionError, match=r"connection to '127\.0\.0\.1:\d+' at 127\.0\.0\.1:\d+ broke before 'sleep' answered"):
+        with pytest.raises(
+            ConnectionError, match=r"connection to '127\.0\.0\.1:\d+' at 127\.0\.0\.1:\d+ broke before 'sleep' answered"
+        ):
             fut.result(10)
         caller.join(10)
         assert outcome and "broke before 'sleep' answered" in str(outcome[0].value)
@@ -346,7 +355,10 @@ def test_a_pickled_client_carries_no_token(client):
 
 
 def test_wrong_token_is_refused(server, client, logs):
-    with TcpRpcClient(server.address, token="not-the-token") as bad, pytest.raises(AuthError, match="refused our token"):
+    with (
+        TcpRpcClient(server.address, token="not-the-token") as bad,
+        pytest.raises(AuthError, match="refused our token"),
+    ):
         bad.ping()
     log_line(logs, "wrong token")
     assert client.ping() == "pong"
@@ -391,7 +403,7 @@ def test_a_pickle_from_an_unauthenticated_or_injected_source_is_never_unpickled(
     assert not target.exists()
     # sent by the authenticated peer itself, the payload is unpickled: the probe was live
     with auth.connect(server.address, TOKEN) as conn:
-        conn.send(wire.Kind.PICKLE, frame[wire.HEADER.size:], tag=1)
+        conn.send(wire.Kind.PICKLE, frame[wire.HEADER.size :], tag=1)
         assert conn.recv().tag == 1
     assert target.is_dir()
 
@@ -471,7 +483,9 @@ def test_no_token_fails_the_launch_before_anything_runs(monkeypatch, tmp_path, s
 
 
 def test_courier_kwargs_are_checked():
-    with pytest.raises(TypeError, match=r"allowed: \['thread_pool_size'\], and 'listen' and 'token_file' to serve over TCP too"):
+    with pytest.raises(
+        TypeError, match=r"allowed: \['thread_pool_size'\], and 'listen' and 'token_file' to serve over TCP too"
+    ):
         lp.CourierNode(Service, courier_kwargs={"port": 1})
     with pytest.raises(TypeError, match="courier_kwargs\\['listen'\\] must be 'HOST:PORT' or a port number, got list"):
         lp.CourierNode(Service, courier_kwargs={"listen": ["x"]})
@@ -496,10 +510,14 @@ def test_transport_selection(monkeypatch, shm_leak_check):
             with handle.dereference() as c:
                 assert c.transport == expected
         monkeypatch.setenv("SHMPAD_TRANSPORT", "tcp")
-        with pytest.raises(ValueError, match=f"SHMPAD_TRANSPORT=tcp, but courier node X does not listen on TCP; {hint}"):
+        with pytest.raises(
+            ValueError, match=f"SHMPAD_TRANSPORT=tcp, but courier node X does not listen on TCP; {hint}"
+        ):
             no_tcp.dereference()
         monkeypatch.setenv("SHMPAD_TRANSPORT", "sideways")
-        with pytest.raises(ValueError, match=r"SHMPAD_TRANSPORT must be one of \['auto', 'shm', 'tcp'\], got 'sideways'"):
+        with pytest.raises(
+            ValueError, match=r"SHMPAD_TRANSPORT must be one of \['auto', 'shm', 'tcp'\], got 'sideways'"
+        ):
             no_tcp.dereference()
     finally:
         ring.close()
@@ -559,7 +577,9 @@ def other_host():
         for step in steps:
             done = subprocess.run(["ip", *step], check=False, capture_output=True, text=True, timeout=30)
             if done.returncode:
-                pytest.skip(f"this machine does not allow a namespace with a veth pair: `ip {' '.join(step)}`: {done.stderr.strip()}")
+                pytest.skip(
+                    f"this machine does not allow a namespace with a veth pair: `ip {' '.join(step)}`: {done.stderr.strip()}"
+                )
         yield name, here
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=30)
@@ -582,7 +602,11 @@ def test_a_handle_pickled_to_another_program(where, shm_leak_check):
         stack.callback(manager.stop_and_wait)
         proc = subprocess.Popen(
             [*prefix, sys.executable, "-c", CLIENT],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
         )
         track_pid(proc.pid)
         try:

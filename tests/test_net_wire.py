@@ -55,7 +55,10 @@ def _drain_until_closed(sock: socket.socket, timeout: float = 5.0) -> None:
 
 
 def _raw_frame(kind: int, payload: bytes, length: int | None = None) -> bytes:
-    return wire.HEADER.pack(wire.FRAME_MAGIC, wire.VERSION, kind, 0, 0, len(payload) if length is None else length) + payload
+    return (
+        wire.HEADER.pack(wire.FRAME_MAGIC, wire.VERSION, kind, 0, 0, len(payload) if length is None else length)
+        + payload
+    )
 
 
 def send_wrong_token(address: str, token: bytes) -> None:
@@ -122,9 +125,18 @@ def log_line(caplog, text: str, port: int | None = None, timeout: float = 5.0) -
     """The log line that contains ``text`` (and ``:port``, if given), waiting for it."""
 
     def find():
-        return next((r.getMessage() for r in caplog.records if text in r.getMessage() and (port is None or f":{port}" in r.getMessage())), None)
+        return next(
+            (
+                r.getMessage()
+                for r in caplog.records
+                if text in r.getMessage() and (port is None or f":{port}" in r.getMessage())
+            ),
+            None,
+        )
 
-    assert wait_until(lambda: find() is not None, timeout), f"no log line with {text!r} (port {port}) in:\n{caplog.text}"
+    assert wait_until(lambda: find() is not None, timeout), (
+        f"no log line with {text!r} (port {port}) in:\n{caplog.text}"
+    )
     return find()
 
 
@@ -195,7 +207,11 @@ def _fake_server(greeting: bytes, proof: bytes | None):
 @pytest.mark.parametrize(
     "greeting, proof, message",
     [
-        (auth.SERVER_HELLO.pack(auth.HELLO_MAGIC, wire.VERSION, os.urandom(32)), os.urandom(32), "does not hold our token"),
+        (
+            auth.SERVER_HELLO.pack(auth.HELLO_MAGIC, wire.VERSION, os.urandom(32)),
+            os.urandom(32),
+            "does not hold our token",
+        ),
         (b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n" + bytes(7), None, "is not a shmpad endpoint"),
         (auth.SERVER_HELLO.pack(auth.HELLO_MAGIC, 99, os.urandom(32)), None, "speaks wire version 99"),
     ],
@@ -238,7 +254,9 @@ def test_idle_sockets_from_one_address_cannot_lock_others_out(listener, logs, mo
             idle = [_idle_socket(lst.address, "127.0.0.2") for _ in range(8)]
             refused = [_was_refused(sock) for sock in idle]
             assert refused == [False] * 2 + [True] * 6
-            assert "2 handshakes from 127.0.0.2 already in progress" in log_line(logs, "refused 127.0.0.2:", idle[-1].getsockname()[1])
+            assert "2 handshakes from 127.0.0.2 already in progress" in log_line(
+                logs, "refused 127.0.0.2:", idle[-1].getsockname()[1]
+            )
             with auth.connect(lst.address, TOKEN) as conn:  # from 127.0.0.1
                 conn.send_json({"still": "here"})
                 assert conn.recv_json() == {"echo": {"still": "here"}}
@@ -317,7 +335,9 @@ def test_oversized_frame_is_refused_before_sending(listener):
 def test_broker_never_unpickles(broker, logs, tmp_path, kind, join_first):
     marker = tmp_path / "unpickled"
     port = send_pickle(broker.address, TOKEN, kind, str(marker), join_first)
-    expected = "not valid UTF-8 JSON" if kind == wire.Kind.CONTROL else f"expected a CONTROL frame, got kind {int(kind)}"
+    expected = (
+        "not valid UTF-8 JSON" if kind == wire.Kind.CONTROL else f"expected a CONTROL frame, got kind {int(kind)}"
+    )
     assert expected in log_line(logs, "closing connection from", port)
     assert not marker.exists()
 

@@ -159,7 +159,9 @@ def test_courier_handle_errors_before_launch_and_without_dereference():
     handle = program.add_node(lp.CourierNode(dict), "server")
     with pytest.raises(RuntimeError, match="has no address yet: its handle can be dereferenced only once the program"):
         handle.dereference()
-    with pytest.raises(AttributeError, match="'CourierHandle' object has no attribute 'ping': call methods on a client"):
+    with pytest.raises(
+        AttributeError, match="'CourierHandle' object has no attribute 'ping': call methods on a client"
+    ):
         handle.ping()
     with pytest.raises(TypeError, match=r"unknown client option\(s\) \['timeout'\]: allowed: \['call_timeout'\]"):
         handle.set_client_kwargs(timeout=1)
@@ -183,9 +185,13 @@ def test_ring_node_arguments_are_checked_at_construction():
 def test_launch_argument_errors():
     program = lp.Program("p")
     program.add_node(lp.PyNode(noop), "a")
-    with pytest.raises(ValueError, match=r"unknown launch type 'local_xx': allowed: \['local_mt', 'local_mp', 'test_mt', 'test_mp'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown launch type 'local_xx': allowed: \['local_mt', 'local_mp', 'test_mt', 'test_mp'\]"
+    ):
         lp.launch(program, launch_type="local_xx")
-    with pytest.raises(ValueError, match="local_resources names group 'b', which the program does not have; groups: \\['a'\\]"):
+    with pytest.raises(
+        ValueError, match="local_resources names group 'b', which the program does not have; groups: \\['a'\\]"
+    ):
         lp.launch(program, launch_type="test_mt", local_resources={"b": lp.PythonProcess()})
     with pytest.raises(ValueError, match="Launch config for a must be a PythonProcess, got dict"):
         lp.launch(program, launch_type="test_mt", local_resources={"a": {}})

@@ -106,7 +106,17 @@ def test_empty_messages_round_trip(make_ring):
         (memoryview(np.arange(2, dtype=np.int32)), np.arange(2, dtype=np.int32).tobytes()),  # format "i"
         (memoryview(b"xxsliced")[2:], b"sliced"),
     ],
-    ids=["int32", "float64-2d", "strided", "0d", "bool", "bytearray", "memoryview", "memoryview-int", "memoryview-slice"],
+    ids=[
+        "int32",
+        "float64-2d",
+        "strided",
+        "0d",
+        "bool",
+        "bytearray",
+        "memoryview",
+        "memoryview-int",
+        "memoryview-slice",
+    ],
 )
 def test_any_bytes_like_message_is_accepted(make_ring, message, expected):
     ring = make_ring(slot_size=16)
@@ -262,7 +272,9 @@ def test_attach_to_a_missing_name(ring_cls):
 def test_attach_to_a_ring_of_the_other_kind(make_ring, ring_cls):
     ring = make_ring()
     other_cls = MPMCRing if ring_cls is SPSCRing else SPSCRing
-    with pytest.raises(SegmentError, match=rf"^segment '{ring.name}' holds a '{ring_cls.KIND}', not a '{other_cls.KIND}'$"):
+    with pytest.raises(
+        SegmentError, match=rf"^segment '{ring.name}' holds a '{ring_cls.KIND}', not a '{other_cls.KIND}'$"
+    ):
         other_cls.attach(ring.name)
 
 
@@ -306,7 +318,12 @@ def test_mpmc_get_on_an_empty_ring_whose_next_slot_is_still_held_does_not_hang(c
     previous lap's message, being read: ``r = MPMCRing.create(1, 8); r.put(b"a");
     v = r.get(); r.get_nowait()``."""
     outcomes = helpers.run_forked(_get_on_an_empty_ring_holding_last_laps_message, capacity, timeout=5)
-    assert outcomes == ["WouldBlock: ring is empty", "Timeout after True", b"next", "Closed: ring is closed and drained"]
+    assert outcomes == [
+        "WouldBlock: ring is empty",
+        "Timeout after True",
+        b"next",
+        "Closed: ring is closed and drained",
+    ]
 
 
 def test_put_while_a_reservation_is_open_does_not_corrupt_messages(make_ring):

@@ -284,8 +284,18 @@ def test_statistics_count_calls_that_had_to_wait(make_ring):
 def test_statistics_are_a_frozen_snapshot(make_ring):
     ring = make_ring()
     s = ring.statistics()
-    assert s == type(s)(capacity=4, size=0, puts=0, gets=0, bytes_put=0, bytes_got=0, waits_full=0,
-                        waits_empty=0, dead_claims_skipped=0, closed=False)
+    assert s == type(s)(
+        capacity=4,
+        size=0,
+        puts=0,
+        gets=0,
+        bytes_put=0,
+        bytes_got=0,
+        waits_full=0,
+        waits_empty=0,
+        dead_claims_skipped=0,
+        closed=False,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.puts = 1
     ring.put(b"abc")

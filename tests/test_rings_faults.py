@@ -87,9 +87,14 @@ def test_mpmc_producer_killed_between_claim_and_commit():
         assert _await_signal(signal_r, "claimed", victim) == "claimed"
         # the live producers start behind the held claim (started first, they could finish
         # before it on a loaded machine): the consumer stalls at it and the ring fills up
-        live = [Forked(produce, ring, i, n_live, how, name=f"producer {i}") for i, how in enumerate(["put", "put_many_list"])]
+        live = [
+            Forked(produce, ring, i, n_live, how, name=f"producer {i}")
+            for i, how in enumerate(["put", "put_many_list"])
+        ]
         children += live
-        assert helpers.wait_until(lambda: ring.statistics().size >= CAPACITY, 30), "the ring did not fill behind the claim"
+        assert helpers.wait_until(lambda: ring.statistics().size >= CAPACITY, 30), (
+            "the ring did not fill behind the claim"
+        )
         assert not any(p.ready() for p in live), "the live producers finished past a held claim"
         killed_at = time.monotonic()
         victim.kill()
@@ -107,7 +112,9 @@ def test_mpmc_producer_killed_between_claim_and_commit():
     total = 2 * n_live + n_victim
     assert (stats.puts, stats.gets, stats.size, stats.dead_claims_skipped) == (total, total, 0, 1)
     after_kill = times[times > killed_at]
-    assert len(after_kill) > 0 and after_kill[0] - killed_at < STALL_BOUND_S, "no message within the bound after the kill"
+    assert len(after_kill) > 0 and after_kill[0] - killed_at < STALL_BOUND_S, (
+        "no message within the bound after the kill"
+    )
     gaps = np.diff(times)
     assert gaps.max() < STALL_BOUND_S, f"the consumer waited {gaps.max():.2f} s for one message"
 
@@ -124,7 +131,9 @@ def test_mpmc_consumer_killed_holding_a_message():
         children.append(victim)
         signal_w.close()
         assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
-        consumers = [Forked(consume, ring, how, j, True, name=f"consumer {j}") for j, how in enumerate(["get_bytes", "get_many"])]
+        consumers = [
+            Forked(consume, ring, how, j, True, name=f"consumer {j}") for j, how in enumerate(["get_bytes", "get_many"])
+        ]
         children += consumers
         producers = [Forked(produce, ring, i, n, how, name=f"producer {i}") for i, how in enumerate(["put", "reserve"])]
         children += producers
@@ -147,7 +156,9 @@ def test_mpmc_consumer_killed_holding_a_message():
             assert np.all(np.diff(s) > 0), f"consumer {j} saw producer {producer} out of order"
         received = np.sort(np.concatenate(seqs + [np.array([s for p, s in taken[:-1] if p == producer], np.int64)]))
         expected = np.array([s for s in range(n) if (producer, s) != lost])
-        assert np.array_equal(received, expected), f"producer {producer}: lost or duplicated more than the held message {lost}"
+        assert np.array_equal(received, expected), (
+            f"producer {producer}: lost or duplicated more than the held message {lost}"
+        )
     assert (stats.puts, stats.gets, stats.size, stats.dead_claims_skipped) == (2 * n, 2 * n, 0, 1)
     times = np.sort(np.concatenate([t for _, t in results]))
     assert np.diff(times).max() < STALL_BOUND_S, f"consumers waited {np.diff(times).max():.2f} s for a message"
@@ -227,7 +238,9 @@ def test_producer_killed_at_random_moments_leaves_an_untorn_prefix(ring_cls):
         ring = ring_cls.create(CAPACITY, SLOT_SIZE)
         signal_r, signal_w = _signal_pipe()
         with forked_children(ring, signal_r) as children:
-            consumer = Forked(consume, ring, rng.choice(["get_bytes", "get_many", "get", "get_held"]), 0, name="consumer")
+            consumer = Forked(
+                consume, ring, rng.choice(["get_bytes", "get_many", "get", "get_held"]), 0, name="consumer"
+            )
             children.append(consumer)
             producer = Forked(produce_until_killed, ring, 0, how, signal_w, name=f"producer ({how})")
             children.append(producer)
@@ -242,7 +255,9 @@ def test_producer_killed_at_random_moments_leaves_an_untorn_prefix(ring_cls):
         seqs = got.get(0, np.zeros(0, np.int64))
         # A dead producer's unfinished message is dropped (MPMC) or never published (SPSC):
         # what arrives is 0..k-1, whole and in order, nothing after a gap.
-        assert np.array_equal(seqs, np.arange(len(seqs))), f"{how}: not a prefix, out of place at {_first_out_of_place(seqs)}"
+        assert np.array_equal(seqs, np.arange(len(seqs))), (
+            f"{how}: not a prefix, out of place at {_first_out_of_place(seqs)}"
+        )
         assert stats.gets == len(seqs) and stats.puts <= len(seqs), (how, stats)
         assert stats.dead_claims_skipped <= (1 if ring_cls is MPMCRing else 0), (how, stats)
 

@@ -120,7 +120,9 @@ class RingMachine(RuleBasedStateMachine):
                 self.call(what, fn)
             return
         state = "full" if full else "empty"
-        with pytest.raises(Timeout, match=rf"^{op} timed out after {timeout} s: ring {state} \({self.capacity} slots\)$"):
+        with pytest.raises(
+            Timeout, match=rf"^{op} timed out after {timeout} s: ring {state} \({self.capacity} slots\)$"
+        ):
             self.call(what, fn)
         self.stats["waits_full" if full else "waits_empty"] += 1
 
@@ -228,7 +230,9 @@ class RingMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.reservation is not None)
     @rule()
     def reserve_twice(self):
-        with pytest.raises(RuntimeError, match=r"^reserve\(\) called again before commit\(\) of the previous reservation$"):
+        with pytest.raises(
+            RuntimeError, match=r"^reserve\(\) called again before commit\(\) of the previous reservation$"
+        ):
             self.call("reserve(0) again", self.ring.reserve, 0)
 
     @precondition(lambda self: self.reservation is None)

@@ -364,7 +364,9 @@ def test_futures_complete_without_anyone_calling_result(client):
     futs = [client.futures.add(i, 0) for i in range(20)]
     finished, pending = concurrent.futures.wait(futs, timeout=10)
     assert not pending and sorted(f.result() for f in finished) == list(range(20))
-    as_completed = sorted(f.result() for f in concurrent.futures.as_completed([client.futures.add(i, 1) for i in range(5)], timeout=10))
+    as_completed = sorted(
+        f.result() for f in concurrent.futures.as_completed([client.futures.add(i, 1) for i in range(5)], timeout=10)
+    )
     assert as_completed == [1, 2, 3, 4, 5]
 
 
@@ -415,7 +417,9 @@ def tricky():
 
 
 def test_a_reply_that_cannot_be_unpickled_fails_only_its_own_call(tricky):
-    with pytest.raises(RemoteError, match="the reply could not be unpickled here: ValueError: cannot rebuild this here"):
+    with pytest.raises(
+        RemoteError, match="the reply could not be unpickled here: ValueError: cannot rebuild this here"
+    ):
         tricky.unloadable()
     assert tricky.ping() == "pong"  # the pooled reply ring is still good
     bad = tricky.futures.unloadable()
@@ -466,5 +470,7 @@ def test_an_address_nobody_creates_does_not_hang_a_call(monkeypatch):
 
     monkeypatch.setattr(rpc, "CONNECT_TIMEOUT_S", 0.3)
     c = RpcClient("/shmpad.0.nobody-creates-this")
-    with pytest.raises(Timeout, match=r"no courier server at '/shmpad.0.nobody-creates-this' appeared within 0.3 s \(calling 'ping'\)"):
+    with pytest.raises(
+        Timeout, match=r"no courier server at '/shmpad.0.nobody-creates-this' appeared within 0.3 s \(calling 'ping'\)"
+    ):
         c.ping()

@@ -81,11 +81,15 @@ def test_create_rejects_bad_sizes():
     with pytest.raises(ValueError, match=r"^data_bytes must be >= 0, got -1$"):
         Segment.create("test", {}, -1)
     big = {"x": "y" * (1 << 20)}
-    with pytest.raises(ValueError, match=rf"^segment metadata holds at most 1048576 bytes, got {len(json.dumps(big))}$"):
+    with pytest.raises(
+        ValueError, match=rf"^segment metadata holds at most 1048576 bytes, got {len(json.dumps(big))}$"
+    ):
         Segment.create("test", big, 1)
 
 
-@pytest.mark.parametrize("kind", ["", "ninechars", "weights-v2", "spé"], ids=["empty", "9-chars", "10-chars", "non-ascii"])
+@pytest.mark.parametrize(
+    "kind", ["", "ninechars", "weights-v2", "spé"], ids=["empty", "9-chars", "10-chars", "non-ascii"]
+)
 def test_create_rejects_a_bad_kind_name(kind):
     with pytest.raises(ValueError, match=re.escape(f"segment kind must be 1 to 8 ASCII characters, got {kind!r}")):
         Segment.create(kind, {}, 1)
@@ -171,7 +175,9 @@ def test_attach_rejects_another_kind(make_segment):
 def test_attach_rejects_another_layout_version(make_segment):
     seg = make_segment("test")
     seg.words[1] = LAYOUT_VERSION + 1
-    expected = f"segment {seg.name!r} has layout version {LAYOUT_VERSION + 1}, this shmpad reads version {LAYOUT_VERSION}"
+    expected = (
+        f"segment {seg.name!r} has layout version {LAYOUT_VERSION + 1}, this shmpad reads version {LAYOUT_VERSION}"
+    )
     with pytest.raises(SegmentError, match=re.escape(expected)):
         Segment.attach(seg.name, "test")
 
@@ -349,17 +355,14 @@ STILL_THERE_FOR = 0.5
 
 def _assert_stays(names, seconds: float) -> None:
     gone = not helpers.wait_until(lambda: not all(map(helpers.shm_exists, names)), seconds)
-    assert gone, f"unlinked while a process of the program still runs: {[n for n in names if not helpers.shm_exists(n)]}"
+    assert gone, (
+        f"unlinked while a process of the program still runs: {[n for n in names if not helpers.shm_exists(n)]}"
+    )
 
 
 def test_forked_child_keeps_the_segment_until_it_dies_too(shm_leak_check):
     code = _CREATE + (
-        "pid = os.fork()\n"
-        "if pid == 0:\n"
-        "    time.sleep(120)\n"
-        "    os._exit(0)\n"
-        "print(pid, flush=True)\n"
-        "time.sleep(120)\n"
+        "pid = os.fork()\nif pid == 0:\n    time.sleep(120)\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(120)\n"
     )
     proc = helpers.spawn_python(code)
     child = None

@@ -107,7 +107,9 @@ def check_rows(batch: dict) -> list[tuple[int, int]]:
     ok &= b["done"] == want["done"]
     ok &= (b["logits"] == want["logits"].astype(np.float32)).all(axis=1)
     torn = np.flatnonzero(~ok)
-    assert len(torn) == 0, f"torn items at rows {torn[:10]}: (writer, seq) by action {list(zip(writer[torn], seq[torn]))[:5]}"
+    assert len(torn) == 0, (
+        f"torn items at rows {torn[:10]}: (writer, seq) by action {list(zip(writer[torn], seq[torn]))[:5]}"
+    )
     return list(zip(writer.tolist(), seq.tolist()))
 
 
@@ -248,10 +250,14 @@ def test_timed_out_get_batch_keeps_its_items_for_the_next_call(make_ring):
     assert [s for _, s in check_rows(ring.get_batch(3, timeout=5))] == [0, 1, 2]
     ring.release()
     put(1)
-    with pytest.raises(Timeout, match=re.escape("get_batch timed out after 0.05 s with 1 of 4 items (kept for the next call)")):
+    with pytest.raises(
+        Timeout, match=re.escape("get_batch timed out after 0.05 s with 1 of 4 items (kept for the next call)")
+    ):
         ring.get_batch(4, timeout=0.05)
     put(2)
-    with pytest.raises(Timeout, match=re.escape("get_batch timed out after 0 s with 3 of 4 items (kept for the next call)")):
+    with pytest.raises(
+        Timeout, match=re.escape("get_batch timed out after 0 s with 3 of 4 items (kept for the next call)")
+    ):
         ring.get_batch(4, timeout=0)
     put(2)
     assert [s for _, s in check_rows(ring.get_batch(4, timeout=5))] == [3, 4, 5, 6]
@@ -378,7 +384,11 @@ def test_empty_and_full_rings(make_ring):
         ({"x": (np.uint8, (), 1)}, TypeError, "spec['x'] must be (dtype, shape), got (<class 'numpy.uint8'>, (), 1)"),
         ({"x": ("float3", (2,))}, TypeError, "spec['x'] has an unknown dtype 'float3'"),
         ({"x": (object, (2,))}, TypeError, "spec['x'] dtype must be a fixed-size numeric type, got object"),
-        ({"x": (np.dtype([("a", object)]), ())}, TypeError, "spec['x'] dtype must be a fixed-size numeric type, got [('a', 'O')]"),
+        (
+            {"x": (np.dtype([("a", object)]), ())},
+            TypeError,
+            "spec['x'] dtype must be a fixed-size numeric type, got [('a', 'O')]",
+        ),
         ({"x": (str, ())}, TypeError, "spec['x'] dtype must be a fixed-size numeric type, got <U0"),
         ({"x": (np.float32, (2, -1))}, ValueError, "spec['x'] shape must be non-negative ints, got (2, -1)"),
         ({"x": (np.float32, -3)}, ValueError, "spec['x'] shape must be non-negative ints, got (-3,)"),
@@ -408,11 +418,21 @@ def test_create_rejects_bad_capacities(capacity, error, message, multi):
 
 def test_create_accepts_int_shapes_and_empty_fields(make_ring):
     ring = make_ring(3, {"v": (np.float64, 3), "none": (np.int32, (2, 0)), "m": ("<i2", (np.int64(2), 2))})
-    assert ring.spec == {"v": (np.dtype(np.float64), (3,)), "none": (np.dtype(np.int32), (2, 0)), "m": (np.dtype("<i2"), (2, 2))}
+    assert ring.spec == {
+        "v": (np.dtype(np.float64), (3,)),
+        "none": (np.dtype(np.int32), (2, 0)),
+        "m": (np.dtype("<i2"), (2, 2)),
+    }
     assert ring.item_bytes == 3 * 8 + 0 + 4 * 2
-    ring.put({"v": [1.0, 2.0, 3.0], "none": np.zeros((2, 0), np.int32), "m": np.arange(4, dtype=np.int16).reshape(2, 2)})
+    ring.put(
+        {"v": [1.0, 2.0, 3.0], "none": np.zeros((2, 0), np.int32), "m": np.arange(4, dtype=np.int16).reshape(2, 2)}
+    )
     item = ring.get(timeout=5)
-    assert item["v"].tolist() == [1.0, 2.0, 3.0] and item["none"].shape == (2, 0) and item["m"].tolist() == [[0, 1], [2, 3]]
+    assert (
+        item["v"].tolist() == [1.0, 2.0, 3.0]
+        and item["none"].shape == (2, 0)
+        and item["m"].tolist() == [[0, 1], [2, 3]]
+    )
     ring.release()
 
 
@@ -435,19 +455,43 @@ def _with(**fields):
         (_with(extra=1), ValueError, f"item fields must be {FIELDS}; missing [], unknown ['extra']"),
         ({"extra": 1}, ValueError, f"item fields must be {FIELDS}; missing {list(SPEC)}, unknown ['extra']"),
         (_with(obs=np.zeros((84, 84), np.uint8)), ValueError, "field 'obs' has shape (84, 84), expected (4, 84, 84)"),
-        (_with(obs=np.zeros((1, 4, 84, 84), np.uint8)), ValueError, "field 'obs' has shape (1, 4, 84, 84), expected (4, 84, 84)"),
+        (
+            _with(obs=np.zeros((1, 4, 84, 84), np.uint8)),
+            ValueError,
+            "field 'obs' has shape (1, 4, 84, 84), expected (4, 84, 84)",
+        ),
         (_with(logits=0.5), ValueError, "field 'logits' has shape (), expected (18,)"),
         (_with(action=[3]), ValueError, "field 'action' has shape (1,), expected ()"),
         (_with(action=1.5), TypeError, "field 'action' has dtype float64, expected int64 (or one of the same kind)"),
-        (_with(action=np.float32(1)), TypeError, "field 'action' has dtype float32, expected int64 (or one of the same kind)"),
+        (
+            _with(action=np.float32(1)),
+            TypeError,
+            "field 'action' has dtype float32, expected int64 (or one of the same kind)",
+        ),
         (_with(done=1), TypeError, "field 'done' has dtype int64, expected bool (or one of the same kind)"),
-        (_with(obs=np.zeros((4, 84, 84))), TypeError, "field 'obs' has dtype float64, expected uint8 (or one of the same kind)"),
+        (
+            _with(obs=np.zeros((4, 84, 84))),
+            TypeError,
+            "field 'obs' has dtype float64, expected uint8 (or one of the same kind)",
+        ),
         # signed into unsigned is another kind: a frame of Python ints does not go into uint8
-        (_with(obs=np.zeros((4, 84, 84), np.int64)), TypeError, "field 'obs' has dtype int64, expected uint8 (or one of the same kind)"),
-        (_with(reward=1 + 2j), TypeError, "field 'reward' has dtype complex128, expected float32 (or one of the same kind)"),
+        (
+            _with(obs=np.zeros((4, 84, 84), np.int64)),
+            TypeError,
+            "field 'obs' has dtype int64, expected uint8 (or one of the same kind)",
+        ),
+        (
+            _with(reward=1 + 2j),
+            TypeError,
+            "field 'reward' has dtype complex128, expected float32 (or one of the same kind)",
+        ),
         (_with(reward="1"), TypeError, "field 'reward' has dtype <U1, expected float32 (or one of the same kind)"),
         (_with(logits=torch.zeros(17)), ValueError, "field 'logits' has shape (17,), expected (18,)"),
-        (_with(logits=torch.zeros(18, dtype=torch.complex64)), TypeError, "field 'logits' has dtype complex64, expected float32"),
+        (
+            _with(logits=torch.zeros(18, dtype=torch.complex64)),
+            TypeError,
+            "field 'logits' has dtype complex64, expected float32",
+        ),
     ],
     ids=lambda v: None,
 )
@@ -468,10 +512,14 @@ def test_put_casts_within_a_kind(make_ring):
     int into float) plus any cast within one kind (int64 into int8, uint64 into uint16,
     float64 into float16) even where the value does not fit: ints wrap, floats round or
     overflow to inf (with numpy's RuntimeWarning). Torch tensors go in like arrays."""
-    ring = make_ring(4, {"i8": (np.int8, ()), "f16": (np.float16, (2,)), "f64": (np.float64, ()), "u2": (np.uint16, ())})
+    ring = make_ring(
+        4, {"i8": (np.int8, ()), "f16": (np.float16, (2,)), "f64": (np.float64, ()), "u2": (np.uint16, ())}
+    )
     with pytest.warns(RuntimeWarning, match="overflow encountered in cast"):  # 70000 into float16
         ring.put({"i8": 300, "f16": [0.1, 70000.0], "f64": np.int64(2**53 + 1), "u2": np.uint64(70000)})
-    ring.put({"i8": np.int8(-5), "f16": torch.tensor([1.5, 2.5], dtype=torch.float64), "f64": True, "u2": np.bool_(True)})
+    ring.put(
+        {"i8": np.int8(-5), "f16": torch.tensor([1.5, 2.5], dtype=torch.float64), "f64": True, "u2": np.bool_(True)}
+    )
     first = {f: v.copy() for f, v in ring.get(timeout=5).items()}
     second = ring.get(timeout=5)
     assert first["i8"] == np.int8(44)  # 300 wraps
@@ -487,7 +535,9 @@ def test_reserve_twice_and_commit_without_reserve(make_ring):
     with pytest.raises(RuntimeError, match=re.escape("commit() without a reserve()")):
         ring.commit()
     fill(ring.reserve(timeout=5), 0, 0)
-    with pytest.raises(RuntimeError, match=re.escape("reserve() called again before commit() of the previous reservation")):
+    with pytest.raises(
+        RuntimeError, match=re.escape("reserve() called again before commit() of the previous reservation")
+    ):
         ring.reserve(timeout=5)
     with pytest.raises(RuntimeError, match=re.escape("put() called between reserve() and commit()")):
         ring.put(make_item(0, 1), timeout=5)
@@ -513,9 +563,13 @@ def test_attach_by_name_reaches_the_same_ring(make_ring, multi):
         ring.spec,
         ITEM_BYTES,
     )
-    assert repr(other) == repr(ring) == (
-        f"TypedRing({ring.name!r}, {'MPMC' if multi else 'SPSC'}, capacity=4, "
-        "{obs: uint8[4, 84, 84], action: int64[], reward: float32[], done: bool[], logits: float32[18]})"
+    assert (
+        repr(other)
+        == repr(ring)
+        == (
+            f"TypedRing({ring.name!r}, {'MPMC' if multi else 'SPSC'}, capacity=4, "
+            "{obs: uint8[4, 84, 84], action: int64[], reward: float32[], done: bool[], logits: float32[18]})"
+        )
     )
     other.put(make_item(3, 0))
     assert check_item(ring.get(timeout=5)) == (3, 0)
@@ -529,21 +583,30 @@ def test_attach_errors_leave_the_rings_usable(make_ring, multi):
         TypedRing.attach(missing)
     byte_ring = (MPMCRing if multi else SPSCRing).create(4, 8)
     try:
-        with pytest.raises(SegmentError, match=f"^{re.escape(f'segment {byte_ring.name!r} holds a byte ring, not a typed ring')}$"):
+        with pytest.raises(
+            SegmentError, match=f"^{re.escape(f'segment {byte_ring.name!r} holds a byte ring, not a typed ring')}$"
+        ):
             TypedRing.attach(byte_ring.name)
         byte_ring.put(b"still")
         assert bytes(byte_ring.get_bytes(timeout=5)) == b"still"
     finally:
         byte_ring.close()
     same, cross = (MPMCRing, SPSCRing) if multi else (SPSCRing, MPMCRing)
-    with pytest.raises(SegmentError, match=f"^{re.escape(f'segment {ring.name!r} holds a typed ring: attach it with TypedRing.attach')}$"):
+    with pytest.raises(
+        SegmentError,
+        match=f"^{re.escape(f'segment {ring.name!r} holds a typed ring: attach it with TypedRing.attach')}$",
+    ):
         same.attach(ring.name)
-    with pytest.raises(SegmentError, match=f"^{re.escape(f'segment {ring.name!r} holds a {same.KIND!r}, not a {cross.KIND!r}')}$"):
+    with pytest.raises(
+        SegmentError, match=f"^{re.escape(f'segment {ring.name!r} holds a {same.KIND!r}, not a {cross.KIND!r}')}$"
+    ):
         cross.attach(ring.name)
     weights = helpers.unique_segment_name("weights")
     seg = Segment.create("weights", {}, 64, name=weights)
     try:
-        with pytest.raises(SegmentError, match=f"^{re.escape(f'segment {weights!r} holds neither an SPSC nor an MPMC ring')}$"):
+        with pytest.raises(
+            SegmentError, match=f"^{re.escape(f'segment {weights!r} holds neither an SPSC nor an MPMC ring')}$"
+        ):
             TypedRing.attach(weights)
     finally:
         seg.close()
@@ -632,7 +695,9 @@ def test_close_wakes_a_get_batch_blocked_in_another_process(make_ring):
         ring.put(make_item(0, s))
     child = Forked(_wait_for_a_batch, ring, name="blocked reader")
     try:
-        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1 or child.ready(), 30), "the reader never waited"
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1 or child.ready(), 30), (
+            "the reader never waited"
+        )
         assert ring.statistics().gets == 3  # it holds the 3 items and waits for 5 more
         closed_at = time.monotonic()
         ring.close()
@@ -686,7 +751,9 @@ def _run_against_deque(multi: bool, capacity: int, ops: list[tuple[str, int]]) -
             if op in ("put", "reserve"):
                 for _ in range(n):
                     if occupied == capacity:
-                        with pytest.raises(Timeout, match=re.escape(f"timed out after 0 s: ring full ({capacity} slots)")):
+                        with pytest.raises(
+                            Timeout, match=re.escape(f"timed out after 0 s: ring full ({capacity} slots)")
+                        ):
                             if op == "put":
                                 ring.put(_small(next_seq), timeout=0)
                             else:
@@ -884,11 +951,16 @@ def test_writer_killed_between_reserve_and_commit_costs_one_item():
         live = Forked(_write, ring, 1, n_live, name="live writer")
         children.append(live)
         # The live writer fills every slot behind the claim (positions 4..15), then waits.
-        assert helpers.wait_until(lambda: ring.statistics().puts >= capacity - 1 or live.ready(), 30), "the live writer stalled"
+        assert helpers.wait_until(lambda: ring.statistics().puts >= capacity - 1 or live.ready(), 30), (
+            "the live writer stalled"
+        )
         if live.ready():
             live.result(1)  # raises with the live writer's traceback
             raise AssertionError("the live writer finished before the reader took anything")
-        with pytest.raises(Timeout, match=re.escape(f"get_batch timed out after 0.3 s with {n_victim} of {b} items (kept for the next call)")):
+        with pytest.raises(
+            Timeout,
+            match=re.escape(f"get_batch timed out after 0.3 s with {n_victim} of {b} items (kept for the next call)"),
+        ):
             ring.get_batch(b, timeout=0.3)  # stuck behind the live victim's claim
         victim.kill()
         seen: dict[int, list[int]] = collections.defaultdict(list)

@@ -20,7 +20,9 @@ from learners import vtrace
 from learners.categorical import action_log_probs, entropy
 
 
-def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip_rho_threshold, clip_pg_rho_threshold, lambda_):
+def reference_vtrace(
+    log_rhos, discounts, rewards, values, bootstrap_value, clip_rho_threshold, clip_pg_rho_threshold, lambda_
+):
     """One element at a time, one sum term at a time; inputs are [T, B, ...] NumPy arrays."""
     T = values.shape[0]
     vs = np.zeros_like(values)
@@ -104,7 +106,13 @@ def test_on_policy_without_discount_ends_is_n_step_return():
     rewards = torch.arange(T, dtype=torch.float64).unsqueeze(1)  # [T, 1]
     values = torch.zeros(T, 1, dtype=torch.float64)
     bootstrap = torch.tensor([2.0], dtype=torch.float64)
-    out = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), torch.full((T, 1), gamma, dtype=torch.float64), rewards, values, bootstrap)
+    out = vtrace.from_importance_weights(
+        torch.zeros(T, 1, dtype=torch.float64),
+        torch.full((T, 1), gamma, dtype=torch.float64),
+        rewards,
+        values,
+        bootstrap,
+    )
     returns = [sum(gamma ** (t - s) * t for t in range(s, T)) + gamma ** (T - s) * 2.0 for s in range(T)]
     np.testing.assert_allclose(out.vs[:, 0].numpy(), returns, rtol=1e-12)
 
@@ -160,7 +168,12 @@ def test_gradients_do_not_flow_into_targets():
 
 
 def bad(**changes):
-    inputs = dict(zip(("log_rhos", "discounts", "rewards", "values", "bootstrap_value"), (torch.zeros(3, 2),) * 4 + (torch.zeros(2),)))
+    inputs = dict(
+        zip(
+            ("log_rhos", "discounts", "rewards", "values", "bootstrap_value"),
+            (torch.zeros(3, 2),) * 4 + (torch.zeros(2),),
+        )
+    )
     inputs.update(changes)
     return inputs
 
@@ -169,12 +182,24 @@ def bad(**changes):
     "kwargs, error, message",
     [
         (bad(rewards=torch.zeros(3, 3)), ValueError, r"rewards must have the shape of values \(3, 2\), got \(3, 3\)"),
-        (bad(bootstrap_value=torch.zeros(3)), ValueError, r"bootstrap_value must have the shape of values without T, \(2,\), got \(3,\)"),
+        (
+            bad(bootstrap_value=torch.zeros(3)),
+            ValueError,
+            r"bootstrap_value must have the shape of values without T, \(2,\), got \(3,\)",
+        ),
         (bad(values=torch.zeros(2)), ValueError, r"values must be \[T, B, ...\] with T >= 1, got shape \(2,\)"),
         (bad(values=torch.zeros(0, 2), log_rhos=torch.zeros(0, 2)), ValueError, r"T >= 1, got shape \(0, 2\)"),
-        (bad(discounts=torch.zeros(3, 2, dtype=torch.int64)), TypeError, r"discounts must be a floating point tensor, got a torch.int64 tensor"),
+        (
+            bad(discounts=torch.zeros(3, 2, dtype=torch.int64)),
+            TypeError,
+            r"discounts must be a floating point tensor, got a torch.int64 tensor",
+        ),
         (bad(rewards=[[0.0] * 2] * 3), TypeError, r"rewards must be a floating point tensor, got list"),
-        (bad(rewards=torch.zeros(3, 2, dtype=torch.float64)), TypeError, r"rewards must be torch.float32 on cpu like values, got torch.float64 on cpu"),
+        (
+            bad(rewards=torch.zeros(3, 2, dtype=torch.float64)),
+            TypeError,
+            r"rewards must be torch.float32 on cpu like values, got torch.float64 on cpu",
+        ),
         (bad(clip_rho_threshold=0.0), ValueError, r"clip_rho_threshold must be > 0 or None, got 0.0"),
         (bad(clip_pg_rho_threshold="1"), TypeError, r"clip_pg_rho_threshold must be a number or None, got str"),
         (bad(lambda_=1.5), ValueError, r"lambda_ must be in \[0, 1\], got 1.5"),
@@ -188,9 +213,13 @@ def test_bad_arguments_are_named(kwargs, error, message):
 def test_from_logits_bad_arguments_are_named():
     behaviour_logits, target_logits, actions, discounts, rewards, values, bootstrap = logits_inputs((3, 2), 4, seed=0)
     with pytest.raises(ValueError, match=r"must have the same shape, got \(3, 2, 4\) and \(3, 2, 5\)"):
-        vtrace.from_logits(behaviour_logits, torch.zeros(3, 2, 5, dtype=torch.float64), actions, discounts, rewards, values, bootstrap)
+        vtrace.from_logits(
+            behaviour_logits, torch.zeros(3, 2, 5, dtype=torch.float64), actions, discounts, rewards, values, bootstrap
+        )
     with pytest.raises(ValueError, match=r"shape of actions \(3, 3\) plus one dimension of actions, got \(3, 2, 4\)"):
-        vtrace.from_logits(behaviour_logits, target_logits, torch.zeros(3, 3, dtype=torch.long), discounts, rewards, values, bootstrap)
+        vtrace.from_logits(
+            behaviour_logits, target_logits, torch.zeros(3, 3, dtype=torch.long), discounts, rewards, values, bootstrap
+        )
     with pytest.raises(TypeError, match=r"actions must be an integer tensor, got a torch.float32 tensor"):
         vtrace.from_logits(behaviour_logits, target_logits, actions.float(), discounts, rewards, values, bootstrap)
 
@@ -198,7 +227,9 @@ def test_from_logits_bad_arguments_are_named():
 def test_action_log_probs_and_entropy():
     logits = torch.tensor([[0.0, math.log(3.0)], [5.0, 5.0]], dtype=torch.float64)  # [2, 2]: p = (1/4, 3/4), (1/2, 1/2)
     actions = torch.tensor([1, 0])
-    torch.testing.assert_close(action_log_probs(logits, actions), torch.tensor([math.log(0.75), math.log(0.5)], dtype=torch.float64))
+    torch.testing.assert_close(
+        action_log_probs(logits, actions), torch.tensor([math.log(0.75), math.log(0.5)], dtype=torch.float64)
+    )
     expected = [-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), math.log(2.0)]
     torch.testing.assert_close(entropy(logits), torch.tensor(expected, dtype=torch.float64))
     higher = torch.randn(3, 2, 4, 6, dtype=torch.float64)  # [T, B, N, A]

@@ -462,7 +462,11 @@ def test_attach_checks_the_layout():
     shifted = {"buffer_bytes": 16384, "tensors": [{**tensor, "offset": 64}]}
     cases = [
         (shifted, 320 + 2 * 16384, "its metadata offsets do not match its tensors"),
-        ({"buffer_bytes": 16384, "tensors": [tensor]}, 4096, r"its metadata needs 33088 data bytes, the segment has 4096"),
+        (
+            {"buffer_bytes": 16384, "tensors": [tensor]},
+            4096,
+            r"its metadata needs 33088 data bytes, the segment has 4096",
+        ),
         ({"tensors": [tensor]}, 4096, r"has unreadable metadata: KeyError\('buffer_bytes'\)"),
     ]
     for meta, data_bytes, message in cases:

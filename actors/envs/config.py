@@ -53,7 +53,13 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str):
             raise TypeError(f"env_id must be a str, got {type(self.env_id).__name__}")
-        for name, low in (("noop_max", 0), ("frame_skip", 1), ("frame_stack", 1), ("screen_size", 1), ("max_episode_frames", 0)):
+        for name, low in (
+            ("noop_max", 0),
+            ("frame_skip", 1),
+            ("frame_stack", 1),
+            ("screen_size", 1),
+            ("max_episode_frames", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")

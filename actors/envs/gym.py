@@ -44,7 +44,9 @@ class GymEnv:
         if isinstance(act_space, spaces.Discrete):
             if int(act_space.start) != 0:
                 env.close()
-                raise ValueError(f"environment {config.env_id!r} has action space {act_space}; a Discrete action space must start at 0")
+                raise ValueError(
+                    f"environment {config.env_id!r} has action space {act_space}; a Discrete action space must start at 0"
+                )
             action = dict(num_actions=int(act_space.n))
         elif isinstance(act_space, spaces.Box):
             action = dict(

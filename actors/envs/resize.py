@@ -34,7 +34,9 @@ def axis_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
     takes input pixels ``first[k] + t`` with weight ``weights[k, t]`` (units of ``1 / n_out``
     input pixels; each row sums to ``n_in``)."""
     if not 1 <= n_out <= n_in:
-        raise ValueError(f"area resize only shrinks: output size must be between 1 and the input size {n_in}, got {n_out}")
+        raise ValueError(
+            f"area resize only shrinks: output size must be between 1 and the input size {n_in}, got {n_out}"
+        )
     taps = -(-n_in // n_out) + 1
     first = np.empty(n_out, np.int64)
     weights = np.zeros((n_out, taps), np.int32)

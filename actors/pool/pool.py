@@ -236,13 +236,17 @@ class EnvPool:
             if a.dtype.kind not in "fiu":
                 raise TypeError(f"actions must be numbers for {spec.describe_actions()}, got dtype {a.dtype}")
             flat = a.reshape(len(a), -1)
-            bad = np.flatnonzero(~np.all(np.isfinite(flat) & (flat >= spec.action_low) & (flat <= spec.action_high), axis=1))
+            bad = np.flatnonzero(
+                ~np.all(np.isfinite(flat) & (flat >= spec.action_low) & (flat <= spec.action_high), axis=1)
+            )
         if len(bad):
             raise ValueError(self._out_of_range(a, int(bad[0]), batch))
         return a
 
     def _out_of_range(self, a: np.ndarray, i: int, batch: HalfBatch) -> str:
-        return f"action {a[i].tolist()!r} for environment {batch.envs[i]} is out of range: {self.spec.describe_actions()}"
+        return (
+            f"action {a[i].tolist()!r} for environment {batch.envs[i]} is out of range: {self.spec.describe_actions()}"
+        )
 
     # -- supervision -----------------------------------------------------------------
 
@@ -261,14 +265,15 @@ class EnvPool:
             elif now - since > self.hang_timeout and load(words, self._slots.obs_count[h][w]) < target:
                 proc.dump_stack()
                 proc.kill()
-                self._failed(w, f"made no progress for {self.hang_timeout:g} s and was killed; its stack", proc.report())
+                self._failed(
+                    w, f"made no progress for {self.hang_timeout:g} s and was killed; its stack", proc.report()
+                )
 
     def _failed(self, w: int, how: str, report: str) -> None:
         proc = self._workers[w]
         envs = [e for h in range(self.halves) for e in self._slots.geometry.envs_of(w, h)]
-        message = (
-            f"env worker {w} (pid {proc.pid}, environments {envs} of {self.config.env_id!r}) {how}"
-            + (f":\n{report}" if report else " and left no report")
+        message = f"env worker {w} (pid {proc.pid}, environments {envs} of {self.config.env_id!r}) {how}" + (
+            f":\n{report}" if report else " and left no report"
         )
         self._failures.append(message)
         proc.close()
@@ -311,7 +316,14 @@ class EnvPool:
                 wait_s.append(wait_ns / 1e9)
         frames = steps * frames_per_step(self.config)
         return PoolStatistics(
-            self._batches, steps, frames, tuple(env_s), tuple(wait_s), self._recv_wait_ns / 1e9, self._restarts.used, tuple(self._failures)
+            self._batches,
+            steps,
+            frames,
+            tuple(env_s),
+            tuple(wait_s),
+            self._recv_wait_ns / 1e9,
+            self._restarts.used,
+            tuple(self._failures),
         )
 
     def close(self, grace: float = 5.0) -> None:
@@ -340,4 +352,3 @@ class EnvPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.num_workers} workers x {self.envs_per_worker} envs"
         return f"EnvPool({self.config.env_id!r}, {state}, halves={self.halves})"
-

@@ -124,7 +124,9 @@ class PoolSlots:
             dtype = np.dtype(dstr)
             end = max(end, offset + geo.num_envs * dtype.itemsize * math.prod(shape))
             if end > len(seg.data):
-                raise SegmentError(f"pool segment {seg.name!r} is damaged: field {name!r} ends at {end}, data area has {len(seg.data)} bytes")
+                raise SegmentError(
+                    f"pool segment {seg.name!r} is damaged: field {name!r} ends at {end}, data area has {len(seg.data)} bytes"
+                )
             self.fields[name] = np.ndarray((geo.num_envs, *shape), dtype, buffer=seg.data, offset=offset)
         base = seg.data_offset // 8  # word index of the data area
         line = lambda n: base + n * _LINE_WORDS  # noqa: E731
@@ -134,7 +136,9 @@ class PoolSlots:
         self.worker_ev = np.array([line(geo.worker_line(w)) for w in w_range], np.int64)
         self.stats_word = [line(geo.worker_line(w) + 1) for w in w_range]
         self.act = [np.array([line(geo.worker_line(w) + 2 + h) for w in w_range], np.int64) for h in h_range]
-        self.obs_count = [np.array([line(geo.worker_line(w) + 2 + geo.halves + h) for w in w_range], np.int64) for h in h_range]
+        self.obs_count = [
+            np.array([line(geo.worker_line(w) + 2 + geo.halves + h) for w in w_range], np.int64) for h in h_range
+        ]
 
     def half(self, h: int) -> dict[str, np.ndarray]:
         """Views of every field over the slots of half ``h`` ([B / halves, ...])."""

@@ -108,4 +108,3 @@ def _call(fn, e: int, args: WorkerArgs, what: str, *a):
             f"environment {e} ({args.config.env_id!r}, seed {args.seed}, worker generation {args.generation}) "
             f"raised in {what}()"
         ) from exc
-

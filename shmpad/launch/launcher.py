@@ -111,7 +111,9 @@ def launch(
     resources = dict(local_resources or {})
     for label, res in resources.items():
         if label not in program.groups:
-            raise ValueError(f"local_resources names group {label!r}, which the program does not have; groups: {sorted(program.groups)}")
+            raise ValueError(
+                f"local_resources names group {label!r}, which the program does not have; groups: {sorted(program.groups)}"
+            )
         if not isinstance(res, PythonProcess):
             raise ValueError(f"Launch config for {label} must be a PythonProcess, got {type(res).__name__}")
     processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)

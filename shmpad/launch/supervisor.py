@@ -140,7 +140,9 @@ class WorkerManager:
 
     # -- public API --------------------------------------------------------------------
 
-    def wait(self, labels: Iterable[str] | None = None, raise_error: bool = True, return_on_first_completed: bool = False) -> None:
+    def wait(
+        self, labels: Iterable[str] | None = None, raise_error: bool = True, return_on_first_completed: bool = False
+    ) -> None:
         """Block until the nodes of ``labels`` (default: all) have ended, or with
         ``return_on_first_completed`` until one of them has. If any node failed (and
         ``raise_error``), waits until the program has stopped and raises that failure."""
@@ -515,7 +517,9 @@ class WorkerManager:
         self._kill_at = None
         if not alive:
             return
-        _say(f"Nodes that did not stop within the termination notice ({self._notice} s): {[w.name for w in alive]}; killing them.")
+        _say(
+            f"Nodes that did not stop within the termination notice ({self._notice} s): {[w.name for w in alive]}; killing them."
+        )
         self._kill_all()
 
     def _kill_all(self) -> None:

@@ -283,7 +283,9 @@ class Accumulator:
             self.diverged += 1
             log.warning(
                 "%s: the group's weights differ at version %d (digests by rank: %s); resyncing from the leader",
-                self.name, self.version, [f"{d & 0xFFFFFFFFFFFFFFFF:016x}" for d in digests.tolist()],
+                self.name,
+                self.version,
+                [f"{d & 0xFFFFFFFFFFFFFFFF:016x}" for d in digests.tolist()],
             )
             self._sync(ring)
 

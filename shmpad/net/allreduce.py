@@ -211,7 +211,9 @@ class PeerRing:
         theirs = bytearray(len(mine))
         self._recv(memoryview(theirs), 0, "a descriptor")
         if theirs != mine:
-            raise _Mismatch(f"rank {(self.rank - 1) % self.size} started {_describe(theirs)} where rank {self.rank} started {_describe(mine)}")
+            raise _Mismatch(
+                f"rank {(self.rank - 1) % self.size} started {_describe(theirs)} where rank {self.rank} started {_describe(mine)}"
+            )
 
     def _reduce_scatter_allgather(self, flat: np.ndarray, descriptor: bytes, reduce_op: int, root: int) -> None:
         n, rank = self.size, self.rank
@@ -368,7 +370,9 @@ def _flat(array: np.ndarray, what: str) -> np.ndarray:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"{what} works on a numpy array in place, got {type(array).__name__}")
     if not (array.flags.c_contiguous or array.flags.f_contiguous):
-        raise ValueError(f"{what} needs a contiguous array, got one with strides {array.strides}; use np.ascontiguousarray")
+        raise ValueError(
+            f"{what} needs a contiguous array, got one with strides {array.strides}; use np.ascontiguousarray"
+        )
     if not array.flags.writeable:
         raise ValueError(f"{what} writes into the array, but it is read-only")
     if not array.dtype.isnative:
@@ -380,7 +384,4 @@ def _chunks(count: int, parts: int, chunk: int) -> list[list[tuple[int, int]]]:
     """Element ranges ``(start, stop)`` of every segment's chunks: ``parts`` segments
     whose sizes differ by at most one, each cut into pieces of at most ``chunk``."""
     bounds = [count * i // parts for i in range(parts + 1)]
-    return [
-        [(a, min(a + chunk, bounds[i + 1])) for a in range(bounds[i], bounds[i + 1], chunk)]
-        for i in range(parts)
-    ]
+    return [[(a, min(a + chunk, bounds[i + 1])) for a in range(bounds[i], bounds[i + 1], chunk)] for i in range(parts)]

@@ -81,8 +81,6 @@ def load_token(token: str | bytes | None = None, token_file: str | os.PathLike |
     return value
 
 
-
-
 def _configure(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -270,7 +268,9 @@ class Listener:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 sock.close()
                 continue
-            threading.Thread(target=self._serve, args=(sock, ip, peer), name=f"{self._name}-{peer}", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(sock, ip, peer), name=f"{self._name}-{peer}", daemon=True
+            ).start()
 
     def _serve(self, sock: socket.socket, ip: str, peer: str) -> None:
         try:

@@ -195,19 +195,36 @@ class Broker:
         if full:
             _refuse(session.conn, f"group {session.group!r} is full: its member list would exceed {LIST_ROOM} bytes")
             return False
-        welcome = {"op": "welcome", "broker_id": self.broker_id, "heartbeat_s": self.heartbeat_s, "timeout_s": self.timeout_s}
+        welcome = {
+            "op": "welcome",
+            "broker_id": self.broker_id,
+            "heartbeat_s": self.heartbeat_s,
+            "timeout_s": self.timeout_s,
+        }
         try:
             session.conn.send_json(welcome)
         except ConnectionError:
             pass  # the connection is closed: the reader sees it and drops the session
         session.sender.start()  # only now, so that no list can overtake the welcome
         if old is not None:
-            log.info("%r rejoined group %r from %s (address %r); closing its old connection from %s",
-                     session.name, session.group, session.conn.peer, session.address, old.conn.peer)
+            log.info(
+                "%r rejoined group %r from %s (address %r); closing its old connection from %s",
+                session.name,
+                session.group,
+                session.conn.peer,
+                session.address,
+                old.conn.peer,
+            )
             message = f"replaced: {session.name!r} joined group {session.group!r} again from {session.conn.peer}"
             old.end({"op": "error", "message": message, "replaced": True})
         else:
-            log.info("%r joined group %r from %s (address %r)", session.name, session.group, session.conn.peer, session.address)
+            log.info(
+                "%r joined group %r from %s (address %r)",
+                session.name,
+                session.group,
+                session.conn.peer,
+                session.address,
+            )
         return True
 
     def _drop(self, session: _Session, reason: str) -> None:
@@ -238,7 +255,9 @@ class Broker:
         with self._cond:
             while not self._closing:
                 now = time.monotonic()
-                due = [(name, g) for name, g in self._groups.items() if g.announce_at is not None and g.announce_at <= now]
+                due = [
+                    (name, g) for name, g in self._groups.items() if g.announce_at is not None and g.announce_at <= now
+                ]
                 for name, group in due:
                     group.announce_at = None
                     if group.members:  # nobody to tell otherwise
@@ -302,12 +321,18 @@ def _entry_bytes(session: _Session) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The command line: serve until SIGINT or SIGTERM, then close everything and exit 0."""
     parser = argparse.ArgumentParser(prog="python -m shmpad.net.broker", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only; 0.0.0.0 for every interface)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: loopback only; 0.0.0.0 for every interface)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)"
+    )
     parser.add_argument("--token-file", help="file holding the shared token (default: $SHMPAD_TOKEN)")
     parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between a peer's pings (default 1)")
     parser.add_argument("--timeout", type=float, default=10.0, help="a peer silent this long is dropped (default 10)")
-    parser.add_argument("--settle", type=float, default=1.0, help="seconds to gather changes before sending a new list (default 1)")
+    parser.add_argument(
+        "--settle", type=float, default=1.0, help="seconds to gather changes before sending a new list (default 1)"
+    )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")

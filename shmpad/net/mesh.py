@@ -143,7 +143,9 @@ class Mesh:
             if self._closed:
                 raise Abandoned(f"mesh {self.address} is closed")
             if key in self._used:
-                raise ValueError(f"ring key {key!r} was used before in this mesh; every ring needs a new key (e.g. its epoch)")
+                raise ValueError(
+                    f"ring key {key!r} was used before in this mesh; every ring needs a new key (e.g. its epoch)"
+                )
             self._used.add(key)
             if size == 1:
                 return PeerRing(key, 0, 1, None, None, timeout, chunk_bytes)
@@ -163,7 +165,9 @@ class Mesh:
             with self._lock:
                 forming.out = out
             if forming.cancelled is None and not forming.arrived.wait(max(0.0, deadline - time.monotonic())):
-                raise Abandoned(f"ring {key!r}: rank {(rank - 1) % size} did not connect to rank {rank} within {timeout} s")
+                raise Abandoned(
+                    f"ring {key!r}: rank {(rank - 1) % size} did not connect to rank {rank} within {timeout} s"
+                )
             if forming.cancelled is not None:
                 raise Abandoned(f"ring {key!r} was abandoned while it formed: {forming.cancelled}")
             inc = forming.incoming
@@ -182,7 +186,9 @@ class Mesh:
             raise
         with self._lock:
             del self._forming[key]
-            ring = PeerRing(key, rank, size, out, inc.conn, timeout, chunk_bytes, on_close=lambda: self._ring_closed(ring, inc))
+            ring = PeerRing(
+                key, rank, size, out, inc.conn, timeout, chunk_bytes, on_close=lambda: self._ring_closed(ring, inc)
+            )
             self._rings.add(ring)
             closed = self._closed
         if closed:
@@ -252,14 +258,18 @@ class Mesh:
         return conn
 
     @staticmethod
-    def _await_welcome(conn: Connection, key: str, rank: int, size: int, addresses, deadline: float, timeout: float) -> None:
+    def _await_welcome(
+        conn: Connection, key: str, rank: int, size: int, addresses, deadline: float, timeout: float
+    ) -> None:
         nxt = (rank + 1) % size
         conn.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             reply = conn.recv_json()
         except ConnectionError as e:
             if time.monotonic() >= deadline:
-                raise Abandoned(f"ring {key!r}: rank {nxt} at {addresses[nxt]} did not join within {timeout} s") from None
+                raise Abandoned(
+                    f"ring {key!r}: rank {nxt} at {addresses[nxt]} did not join within {timeout} s"
+                ) from None
             raise Abandoned(f"ring {key!r}: rank {nxt} at {addresses[nxt]} did not welcome us: {e}") from None
         if "refused" in reply:
             raise Abandoned(f"ring {key!r}: rank {nxt} at {addresses[nxt]} refused us: {reply['refused']}")

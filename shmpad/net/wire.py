@@ -63,15 +63,12 @@ MAX_FRAME = 256 << 20  # default bound of one frame's payload; allreduce sends i
 MAX_CONTROL = 1 << 20
 
 
-
 class Kind(enum.IntEnum):
     CONTROL = 1
     # 2 was TENSOR (a dtype/shape header, then the bytes): nothing sent it, so it went;
     # the number stays unused, so an old peer's frame of that kind is refused as unknown
     BYTES = 3
     PICKLE = 4
-
-
 
 
 # ---------------------------------------------------------------- addresses
@@ -133,13 +130,14 @@ class Frame:
         return value
 
 
-
 class Connection:
     """One authenticated TCP connection. Sends are serialized by a lock (any thread may
     send); receives belong to one thread at a time. ``close()`` from any thread wakes a
     thread blocked in a receive, which then raises ``ConnectionError``."""
 
-    def __init__(self, sock: socket.socket, peer: str, max_frame: int = MAX_FRAME, keys: tuple[bytes, bytes] = (b"", b"")):
+    def __init__(
+        self, sock: socket.socket, peer: str, max_frame: int = MAX_FRAME, keys: tuple[bytes, bytes] = (b"", b"")
+    ):
         self.sock = sock
         self.peer = peer
         self.max_frame = max_frame
@@ -237,7 +235,9 @@ class Connection:
         body = memoryview(payload)[:-MAC]
         expected = self._seal(self._recv_key, self._recv_seq, bytes(self._header), (body,))
         if not hmac.compare_digest(expected, payload[-MAC:]):
-            self._refuse("PICKLE frame failed its integrity check (injected, replayed or corrupted); it was not decoded")
+            self._refuse(
+                "PICKLE frame failed its integrity check (injected, replayed or corrupted); it was not decoded"
+            )
         self._recv_seq += 1
         return Frame(kind, flags, tag, body)
 
@@ -263,12 +263,17 @@ class Connection:
             while got < n:
                 k = self.sock.recv_into(view[got:], n - got)
                 if k == 0:
-                    raise ConnectionError(f"{self.peer} closed the connection in the middle of {what}"
-                                          if got else f"{self.peer} closed the connection")
+                    raise ConnectionError(
+                        f"{self.peer} closed the connection in the middle of {what}"
+                        if got
+                        else f"{self.peer} closed the connection"
+                    )
                 got += k
         except TimeoutError:
             self.close()
-            raise ConnectionError(f"{self.peer} sent nothing for {self.sock.gettimeout()} s while we waited for {what}") from None
+            raise ConnectionError(
+                f"{self.peer} sent nothing for {self.sock.gettimeout()} s while we waited for {what}"
+            ) from None
         except OSError as e:
             self.close()
             if isinstance(e, ConnectionError) and not isinstance(e, (ConnectionResetError, BrokenPipeError)):

@@ -68,7 +68,9 @@ def map_handles(fn: Callable[[Handle], Any], obj: Any) -> Any:
     if isinstance(obj, Handle):
         return fn(obj)
     if isinstance(obj, list):
-        return type(obj)(map_handles(fn, x) for x in obj) if type(obj) is not list else [map_handles(fn, x) for x in obj]
+        return (
+            type(obj)(map_handles(fn, x) for x in obj) if type(obj) is not list else [map_handles(fn, x) for x in obj]
+        )
     if isinstance(obj, tuple):
         items = [map_handles(fn, x) for x in obj]
         if hasattr(type(obj), "_fields"):  # namedtuple

@@ -78,7 +78,9 @@ def _choose_transport(ep: Endpoint) -> str:
     listen_hint = "give it courier_kwargs={'listen': 'HOST:PORT'}"
     if wanted == "shm":
         if ep.ring is None:
-            raise ValueError(f"${TRANSPORT_ENV}=shm, but {ep.name} has no shared-memory ring (its handle was made from a TCP address)")
+            raise ValueError(
+                f"${TRANSPORT_ENV}=shm, but {ep.name} has no shared-memory ring (its handle was made from a TCP address)"
+            )
         return "shm"
     same_host = wanted == "auto" and ep.ring is not None and ep.host == host_identity()
     if same_host and (ep.tcp is None or os.path.exists(os.path.join(_SHM_DIR, ep.ring.lstrip("/")))):
@@ -135,7 +137,9 @@ class CourierHandle(Handle):
         """The node's shared-memory request ring."""
         ring = self.endpoint.ring
         if ring is None:
-            raise AttributeError(f"{self.endpoint.name} has no shared-memory ring; its TCP address is {self.tcp_address!r}")
+            raise AttributeError(
+                f"{self.endpoint.name} has no shared-memory ring; its TCP address is {self.tcp_address!r}"
+            )
         return ring
 
     @property
@@ -193,7 +197,9 @@ class CourierNode(PyClassNode):
                 "and 'listen' and 'token_file' to serve over TCP too"
             )
         if listen is not None and (isinstance(listen, bool) or not isinstance(listen, (str, int))):
-            raise TypeError(f"courier_kwargs['listen'] must be 'HOST:PORT' or a port number, got {type(listen).__name__}")
+            raise TypeError(
+                f"courier_kwargs['listen'] must be 'HOST:PORT' or a port number, got {type(listen).__name__}"
+            )
         if token_file is not None:
             if listen is None:
                 raise ValueError("courier_kwargs['token_file'] is for TCP; give courier_kwargs['listen'] too")

@@ -91,7 +91,9 @@ class RingNode(_SegmentNode):
     ):
         super().__init__()
         if spec is None and slot_size is None:
-            raise ValueError("RingNode needs a spec (typed slots: name -> (dtype, shape)) or a slot_size (byte messages), got neither")
+            raise ValueError(
+                "RingNode needs a spec (typed slots: name -> (dtype, shape)) or a slot_size (byte messages), got neither"
+            )
         if spec is not None and slot_size is not None:
             raise ValueError("RingNode takes a spec (typed slots) or a slot_size (byte messages), not both")
         self._capacity = capacity

@@ -33,7 +33,9 @@ def as_u8(data: Any) -> np.ndarray:
     try:
         return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
     except TypeError:
-        raise TypeError(f"a message must be bytes-like (bytes, bytearray, memoryview, numpy array), got {type(data).__name__}") from None
+        raise TypeError(
+            f"a message must be bytes-like (bytes, bytearray, memoryview, numpy array), got {type(data).__name__}"
+        ) from None
 
 
 def rows_u8(messages: np.ndarray) -> np.ndarray:

@@ -161,7 +161,9 @@ class ByteRing:
         try:
             seg = Segment.create(cls.KIND, meta, extra + extra_bytes, name=name)
         except SegmentError as e:
-            what = f"{capacity} slots of {slot_size} bytes" + (f" and {extra_bytes} bytes of typed slots" if extra_bytes else "")
+            what = f"{capacity} slots of {slot_size} bytes" + (
+                f" and {extra_bytes} bytes of typed slots" if extra_bytes else ""
+            )
             raise SegmentError(f"a ring of capacity={capacity} ({what}): {e}") from None
         ctl = seg.data.view(np.int64)
         ctl[CAPACITY] = capacity
@@ -409,7 +411,9 @@ class ByteRing:
         if not buf.flags.writeable:
             raise TypeError(f"out must be writable, got a read-only {type(out).__name__}")
         if len(buf) < self.slot_size:
-            raise ValueError(f"out holds {len(buf)} bytes; get_into needs room for a whole slot ({self.slot_size} bytes)")
+            raise ValueError(
+                f"out holds {len(buf)} bytes; get_into needs room for a whole slot ({self.slot_size} bytes)"
+            )
         return buf
 
     def _peek_once(self) -> int:

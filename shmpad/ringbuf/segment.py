@@ -161,7 +161,9 @@ class Segment:
     words: np.ndarray
     data: np.ndarray
 
-    def __init__(self, name: str, mm: mmap.mmap, kind: str, meta: dict[str, Any], data_offset: int, created: bool = False):
+    def __init__(
+        self, name: str, mm: mmap.mmap, kind: str, meta: dict[str, Any], data_offset: int, created: bool = False
+    ):
         self._created = created
         self.name = name
         self.kind = kind
@@ -248,7 +250,9 @@ class Segment:
         del head
         if magic != MAGIC:
             mm.close()
-            raise SegmentError(f"segment {name!r} is not a shmpad segment (magic {magic:#018x}, expected {MAGIC:#018x})")
+            raise SegmentError(
+                f"segment {name!r} is not a shmpad segment (magic {magic:#018x}, expected {MAGIC:#018x})"
+            )
         if version != LAYOUT_VERSION:
             mm.close()
             raise SegmentError(

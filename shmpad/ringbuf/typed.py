@@ -118,7 +118,9 @@ class TypedRing:
             dtype, shape = np.dtype(dstr), tuple(shape)
             self.spec[fname] = (dtype, shape)
             self._fields[fname] = np.ndarray((self.capacity, *shape), dtype, buffer=seg._mmap, offset=base + offset)
-        end = base + max(off + self.capacity * np.dtype(d).itemsize * math.prod(sh) for _, d, sh, off in seg.meta["spec"])
+        end = base + max(
+            off + self.capacity * np.dtype(d).itemsize * math.prod(sh) for _, d, sh, off in seg.meta["spec"]
+        )
         if end > seg.size:
             raise SegmentError(f"typed ring {seg.name!r} is damaged: fields end at byte {end}, segment has {seg.size}")
         self._readonly = {f: a.view() for f, a in self._fields.items()}

@@ -10,8 +10,16 @@ from typing import Any, Callable
 
 from shmpad.errors import Timeout
 
-__all__ = ["MethodCalls", "FutureMethods", "public_methods", "check_call_timeout", "timeout_error", "settle",
-           "POLL_S", "CONNECT_TIMEOUT_S"]
+__all__ = [
+    "MethodCalls",
+    "FutureMethods",
+    "public_methods",
+    "check_call_timeout",
+    "timeout_error",
+    "settle",
+    "POLL_S",
+    "CONNECT_TIMEOUT_S",
+]
 
 # How often a blocked wait looks up from its ring: to notice stop, a closed
 # server, or a deadline.
@@ -31,7 +39,9 @@ def public_methods(obj: Any) -> Callable[[str], Callable]:
         if fn is not None:
             return fn
         if not isinstance(name, str) or (name.startswith("_") and name != "__call__"):
-            raise AttributeError(f"{cls!r} object has no public method {name!r}: only names not starting with '_' and __call__ can be called")
+            raise AttributeError(
+                f"{cls!r} object has no public method {name!r}: only names not starting with '_' and __call__ can be called"
+            )
         fn = getattr(obj, name, None)
         if fn is None or not callable(fn):
             raise AttributeError(f"{cls!r} object has no public method {name!r}")

@@ -35,8 +35,20 @@ import cloudpickle
 from shmpad.errors import FrameError, RemoteError
 from shmpad.ringbuf.segment import Segment
 
-__all__ = ["RemoteTraceback", "dumps", "encode", "decode", "encode_reply", "unpack_reply", "failure",
-           "unpicklable_result", "encode_message", "split_message", "load_message", "message_size"]
+__all__ = [
+    "RemoteTraceback",
+    "dumps",
+    "encode",
+    "decode",
+    "encode_reply",
+    "unpack_reply",
+    "failure",
+    "unpicklable_result",
+    "encode_message",
+    "split_message",
+    "load_message",
+    "message_size",
+]
 
 SPILL_KIND = "rpcspill"
 MAX_BUFFERS = 4096
@@ -199,7 +211,9 @@ def split_message(payload: bytearray) -> tuple[memoryview, list[memoryview]]:
     sizes = struct.unpack_from(f"<{n}Q", view, 4)
     at = len(view) - sum(sizes)
     if at < head:
-        raise FrameError(f"RPC payload of {len(view)} bytes cannot hold the {sum(sizes)} buffer bytes its header claims")
+        raise FrameError(
+            f"RPC payload of {len(view)} bytes cannot hold the {sum(sizes)} buffer bytes its header claims"
+        )
     body, buffers = view[head:at], []
     for size in sizes:
         buffers.append(view[at : at + size])

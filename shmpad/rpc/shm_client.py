@@ -256,7 +256,9 @@ class RpcClient(MethodCalls):
             if self._futures_ring is None:
                 ring = MPMCRing.create(FUTURES_CAPACITY, SLOT_SIZE, name=_ring_name("f"))
                 self._all_rings.append(ring)
-                self._reader = threading.Thread(target=self._background_pump, args=(ring,), name="shmpad-rpc-futures", daemon=True)
+                self._reader = threading.Thread(
+                    target=self._background_pump, args=(ring,), name="shmpad-rpc-futures", daemon=True
+                )
                 self._futures_ring = ring
                 self._reader.start()
         return self._futures_ring
@@ -305,7 +307,9 @@ class RpcClient(MethodCalls):
             if self._pending and request is not None and request.closed:
                 self._closed_at = self._closed_at or time.monotonic()
                 if time.monotonic() - self._closed_at > CLOSED_GRACE_S:
-                    self._fail_pending(lambda m: Closed(f"courier server {self._name!r} stopped before answering {m!r}"))
+                    self._fail_pending(
+                        lambda m: Closed(f"courier server {self._name!r} stopped before answering {m!r}")
+                    )
             return
         except Closed:
             return

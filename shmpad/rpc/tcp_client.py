@@ -164,7 +164,9 @@ class TcpRpcClient(MethodCalls):
         payload = encode_message((method, args, kwargs or {}))
         size = message_size(payload)
         if size > self._max_frame:
-            raise ValueError(f"the arguments of {method!r} are {size} bytes; one call carries at most {self._max_frame}")
+            raise ValueError(
+                f"the arguments of {method!r} are {size} bytes; one call carries at most {self._max_frame}"
+            )
         call_id = next(self._ids)
         fut: Future = Future()
         while True:
@@ -240,7 +242,9 @@ class TcpRpcClient(MethodCalls):
                     continue
                 frame = conn.recv()
                 if frame.kind != Kind.PICKLE:
-                    reason = f"the server sent a frame of kind {frame.kind}; an RPC connection carries only PICKLE frames"
+                    reason = (
+                        f"the server sent a frame of kind {frame.kind}; an RPC connection carries only PICKLE frames"
+                    )
                     break
                 parts = split_message(frame.payload)
                 entry = pending.pop(frame.tag, None)
@@ -258,7 +262,14 @@ class TcpRpcClient(MethodCalls):
             reason = link.error or reason or "the connection was closed"
             if not self._closed:
                 level = logging.WARNING if pending else logging.INFO
-                log.log(level, "RPC connection to %s (%s) ended with %d call(s) in flight: %s", self.address, self._name, len(pending), reason)
+                log.log(
+                    level,
+                    "RPC connection to %s (%s) ended with %d call(s) in flight: %s",
+                    self.address,
+                    self._name,
+                    len(pending),
+                    reason,
+                )
             conn.close()
             with self._lock:
                 if self._link is link:
@@ -273,7 +284,9 @@ class TcpRpcClient(MethodCalls):
     def _broken(self, method: str, reason: str) -> BaseException:
         if self._closed:
             return Closed(f"client of {self._name!r} closed before {method!r} answered")
-        return ConnectionError(f"connection to {self._name!r} at {self.address} broke before {method!r} answered: {reason}")
+        return ConnectionError(
+            f"connection to {self._name!r} at {self.address} broke before {method!r} answered: {reason}"
+        )
 
     def _expire(self, pending: dict) -> None:
         now = time.monotonic()
@@ -282,5 +295,7 @@ class TcpRpcClient(MethodCalls):
                 settle(fut, Future.set_exception, timeout_error(method, self._name, self.call_timeout))
 
 
-def _client(address: str, call_timeout: float | None, name: str, token_file: Any, connect_timeout: float) -> TcpRpcClient:
+def _client(
+    address: str, call_timeout: float | None, name: str, token_file: Any, connect_timeout: float
+) -> TcpRpcClient:
     return TcpRpcClient(address, None, call_timeout, name, token_file=token_file, connect_timeout=connect_timeout)

@@ -62,8 +62,6 @@ _WILDCARDS = ("0.0.0.0", "::", "")
 # ---------------------------------------------------------------- connections
 
 
-
-
 def refuse(conn: Connection, reason: str) -> None:
     log.warning("closing RPC connection with %s: %s", conn.peer, reason)
     conn.close()
@@ -206,7 +204,9 @@ class TcpRpcServer:
         except Exception as e:
             ok, payload = False, encode_message(unpicklable_result(e))
         if message_size(payload) > conn.max_frame:
-            err = RemoteError(f"the result is {message_size(payload)} bytes; one reply carries at most {conn.max_frame}")
+            err = RemoteError(
+                f"the result is {message_size(payload)} bytes; one reply carries at most {conn.max_frame}"
+            )
             ok, payload = False, encode_message((err, ""))
         try:
             conn.send(Kind.PICKLE, *payload, tag=call_id, flags=int(ok))
@@ -247,4 +247,3 @@ def reserve(listen: str | int) -> tuple[socket.socket, str, str]:
 
 def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
