@@ -258,3 +258,41 @@ def test_every_blocking_call_of_a_typed_ring_has_a_nowait_twin(multi):
         ring.release()
     finally:
         ring.close()
+
+
+# -- the launcher's termination notice ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("notice", "error", "message"),
+    [
+        (
+            float("nan"),
+            ValueError,
+            "^termination_notice_secs must be a finite number of seconds >= 0 or None, got nan$",
+        ),
+        (-1, ValueError, "^termination_notice_secs must be a finite number of seconds >= 0 or None, got -1$"),
+        (math.inf, ValueError, "^termination_notice_secs must be a finite number of seconds >= 0 or None, got inf$"),
+        ("10", TypeError, "^termination_notice_secs must be a number of seconds or None, got str$"),
+    ],
+)
+def test_a_bad_termination_notice_is_refused_before_anything_starts(notice, error, message):
+    import shmpad as lp
+
+    program = lp.Program("notice")
+    program.add_node(lp.PyNode(print, "never runs"), "node")
+    with pytest.raises(error, match=message):
+        lp.launch(program, launch_type="test_mp", termination_notice_secs=notice)
+
+
+@pytest.mark.parametrize("raw", ["nan", "-1", "inf"])
+def test_a_bad_termination_notice_flag_is_refused(raw, monkeypatch):
+    import shmpad as lp
+
+    monkeypatch.setattr(sys, "argv", ["prog", f"--lp_termination_notice_secs={raw}"])
+    program = lp.Program("notice")
+    program.add_node(lp.PyNode(print, "never runs"), "node")
+    with pytest.raises(
+        ValueError, match=f"^--lp_termination_notice_secs must be a finite number of seconds >= 0, got '{raw}'$"
+    ):
+        lp.launch(program, launch_type="test_mp")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import atexit
 import enum
+import math
 import sys
 from typing import Any, Mapping, Sequence
 
+from shmpad._checks import check_timeout
 from shmpad.launch.supervisor import PythonProcess, WorkerManager
 from shmpad.nodes.base import Node
 from shmpad.program import Program
@@ -61,17 +63,20 @@ def _launch_type(launch_type: LaunchType | str | None) -> LaunchType:
 
 
 def _notice(termination_notice_secs: float | None) -> float:
+    """The seconds a stopping node gets before it is killed: finite and >= 0 (NaN or a
+    negative notice would mean the launcher never kills a node that ignores SIGTERM)."""
     if termination_notice_secs is None:
         raw = _flag("lp_termination_notice_secs", sys.argv[1:])
         if raw is None:
             return DEFAULT_TERMINATION_NOTICE_SECS
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
             raise ValueError(f"--lp_termination_notice_secs must be a number of seconds, got {raw!r}") from None
-    if isinstance(termination_notice_secs, bool) or not isinstance(termination_notice_secs, (int, float)):
-        raise TypeError(f"termination_notice_secs must be a number, got {type(termination_notice_secs).__name__}")
-    return float(termination_notice_secs)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"--lp_termination_notice_secs must be a finite number of seconds >= 0, got {raw!r}")
+        return value
+    return check_timeout(termination_notice_secs, "termination_notice_secs")
 
 
 def _all_nodes(nodes: list[Node]) -> list[Node]:
