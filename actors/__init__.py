@@ -7,19 +7,26 @@ touched; the rest of the package does not import it.
 
 from typing import Any
 
-from actors.envs.config import EnvConfig
-from actors.envs.resize import AreaResize
-
 # Environments
-from actors.envs.spec import Env, EnvSpec, seed_sequence
-from actors.pool.pool import EnvPool, HalfBatch, PoolStatistics
-
-# Trajectories
-from actors.rollout import RolloutWriter
-from actors.trajectory import STEP_FIELDS, core_state_fields, frames_per_step, trajectory_spec, unroll_length
+from actors.envs.spec import Env
+from actors.envs.config import EnvConfig
+from actors.envs.spec import EnvSpec
+from actors.envs.spec import seed_sequence
+from actors.envs.resize import AreaResize
 
 # The environment pool
 from shmpad.errors import EnvWorkerError
+from actors.pool.pool import EnvPool
+from actors.pool.pool import HalfBatch
+from actors.pool.pool import PoolStatistics
+
+# Trajectories
+from actors.rollout import RolloutWriter
+from actors.trajectory import STEP_FIELDS
+from actors.trajectory import core_state_fields
+from actors.trajectory import frames_per_step
+from actors.trajectory import trajectory_spec
+from actors.trajectory import unroll_length
 
 __all__ = [
     "STEP_FIELDS",

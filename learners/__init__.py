@@ -1,18 +1,34 @@
 """Learners: V-trace, the IMPALA loss, actor-critic models and the learner."""
 
 # V-trace
-# Categorical policies
-from learners.categorical import action_log_probs, entropy
+from learners.vtrace import VTraceFromLogitsReturns
+from learners.vtrace import VTraceReturns
+from learners.vtrace import from_importance_weights
+from learners.vtrace import from_logits
 
-# The learner
-from learners.learner import Learner, LearnerConfig
+# Categorical policies
+from learners.categorical import action_log_probs
+from learners.categorical import entropy
 
 # The loss
-from learners.loss import ImpalaLoss, baseline_loss, clip_rewards, entropy_loss, impala_loss, policy_gradient_loss
+from learners.loss import ImpalaLoss
+from learners.loss import baseline_loss
+from learners.loss import clip_rewards
+from learners.loss import entropy_loss
+from learners.loss import impala_loss
+from learners.loss import policy_gradient_loss
 
 # Models
-from learners.models import ActorCritic, MLPTorso, ModelOutput, NatureTorso, ResNetTorso, make_model
-from learners.vtrace import VTraceFromLogitsReturns, VTraceReturns, from_importance_weights, from_logits
+from learners.models import ActorCritic
+from learners.models import MLPTorso
+from learners.models import ModelOutput
+from learners.models import NatureTorso
+from learners.models import ResNetTorso
+from learners.models import make_model
+
+# The learner
+from learners.learner import Learner
+from learners.learner import LearnerConfig
 
 __all__ = [
     "ActorCritic",

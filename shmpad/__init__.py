@@ -1,41 +1,50 @@
 """shmpad: a single-box, shared-memory runtime for distributed reinforcement learning."""
 
 # Programs, nodes and launching (Launchpad's API)
-from shmpad.colocation import MultiProcessingColocation, MultiThreadingColocation
+from shmpad.program import Program
+from shmpad.nodes.base import Handle
+from shmpad.nodes.base import Node
+from shmpad.nodes.python import PyClassNode
+from shmpad.nodes.python import PyNode
+from shmpad.nodes.courier import CourierClient
+from shmpad.nodes.courier import CourierHandle
+from shmpad.nodes.courier import CourierNode
+from shmpad.rpc import TcpRpcClient
+from shmpad.rpc import TcpRpcServer
+from shmpad.nodes.data import RingNode
+from shmpad.nodes.data import WeightStoreNode
+from shmpad.colocation import MultiProcessingColocation
+from shmpad.colocation import MultiThreadingColocation
+from shmpad.launch.launcher import LaunchType
+from shmpad.launch.launcher import PythonProcess
+from shmpad.launch.launcher import launch
+from shmpad.launch.supervisor import WorkerManager
+from shmpad.launch.stopping import register_stop_handler
+from shmpad.launch.stopping import stop
+from shmpad.launch.stopping import stop_event
+from shmpad.launch.stopping import unregister_stop_handler
+from shmpad.launch.stopping import wait_for_stop
 
 # Errors
-from shmpad.errors import (
-    Abandoned,
-    AuthError,
-    Closed,
-    FrameError,
-    NodeFailed,
-    RemoteError,
-    SegmentError,
-    ShmpadError,
-    Timeout,
-    WouldBlock,
-)
-from shmpad.launch.launcher import LaunchType, PythonProcess, launch
-from shmpad.launch.stopping import register_stop_handler, stop, stop_event, unregister_stop_handler, wait_for_stop
-from shmpad.launch.supervisor import WorkerManager
-from shmpad.nodes.base import Handle, Node
-from shmpad.nodes.courier import CourierClient, CourierHandle, CourierNode
-from shmpad.nodes.data import RingNode, WeightStoreNode
-from shmpad.nodes.python import PyClassNode, PyNode
-from shmpad.program import Program
+from shmpad.errors import Abandoned
+from shmpad.errors import AuthError
+from shmpad.errors import Closed
+from shmpad.errors import FrameError
+from shmpad.errors import NodeFailed
+from shmpad.errors import RemoteError
+from shmpad.errors import SegmentError
+from shmpad.errors import ShmpadError
+from shmpad.errors import Timeout
+from shmpad.errors import WouldBlock
 
 # Shared-memory rings and the weight store
-from shmpad.ringbuf import (
-    MessageBatch,
-    MPMCRing,
-    RingStatistics,
-    SPSCRing,
-    TypedRing,
-    WeightStore,
-    WeightStoreStatistics,
-)
-from shmpad.rpc import TcpRpcClient, TcpRpcServer
+from shmpad.ringbuf import MPMCRing
+from shmpad.ringbuf import MessageBatch
+from shmpad.ringbuf import RingStatistics
+from shmpad.ringbuf import SPSCRing
+from shmpad.ringbuf import TypedRing
+from shmpad.ringbuf import WeightStore
+from shmpad.ringbuf import WeightStoreStatistics
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,8 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from shmpad._checks import check_timeout
-from shmpad.launch.supervisor import PythonProcess, WorkerManager
+from shmpad.launch.resources import PythonProcess
+from shmpad.launch.supervisor import WorkerManager
 from shmpad.nodes.base import Node
 from shmpad.program import Program
 from shmpad.ringbuf import janitor

@@ -32,10 +32,12 @@ from typing import Any, Callable, Iterable
 
 from shmpad.errors import Closed, NodeFailed
 from shmpad.launch import context
+from shmpad.launch.output import Lines, say
 from shmpad.launch.process import fork
+from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
 
-__all__ = ["WorkerManager", "PythonProcess"]
+__all__ = ["WorkerManager"]
 
 _READ = 1 << 16
 # Descriptors only a launcher may hold (stop pipes' write ends, request pipes' read
@@ -45,25 +47,6 @@ _launcher_fds: set[int] = set()
 # How long after a stop begins the rings of data and courier nodes are closed (waking
 # whoever still blocks on them): time for stop handlers to send their last messages.
 CLOSE_GRACE_S = 1.0
-
-
-@dataclass(frozen=True)
-class PythonProcess:
-    """How to run the nodes of one group as processes: ``env`` is laid over the
-    environment and ``args`` become command-line flags (``--name=value``; a bool
-    ``--name`` / ``--noname``) in the node's ``sys.argv``."""
-
-    args: dict = field(default_factory=dict)
-    env: dict = field(default_factory=dict)
-
-    def argv(self) -> list[str]:
-        out = []
-        for k, v in self.args.items():
-            if isinstance(v, bool):
-                out.append(f"--{k}" if v else f"--no{k}")
-            else:
-                out.append(f"--{k}={v}")
-        return out
 
 
 @dataclass
@@ -76,7 +59,7 @@ class _Worker:
     pidfd: int | None = None
     thread: threading.Thread | None = None
     fds: dict = field(default_factory=dict)  # read fd -> "out" | "err" | "error"
-    partial: dict = field(default_factory=dict)  # read fd -> bytes of an unfinished line
+    lines: dict = field(default_factory=dict)  # read fd of stdout/stderr -> Lines
     error_text: bytearray = field(default_factory=bytearray)
     exception: BaseException | None = None
     exit_code: int | None = None
@@ -401,11 +384,11 @@ class WorkerManager:
             elif c == "i":
                 self._interrupts += 1
                 if self._interrupts == 1:
-                    _say("User-requested termination. Asking nodes to stop.")
-                    _say("Press Ctrl+C again to terminate immediately.")
+                    say("User-requested termination. Asking nodes to stop.")
+                    say("Press Ctrl+C again to terminate immediately.")
                     self._begin_stop()
                 else:
-                    _say("Killing every node now.")
+                    say("Killing every node now.")
                     self._kill_all()
         for w in self._workers:
             if w.thread is not None and w.done and not w.reported:
@@ -431,21 +414,15 @@ class WorkerManager:
         if kind == "error":
             w.error_text += data
             return True
-        buf = w.partial.get(fd, b"") + data
-        *lines, rest = buf.split(b"\n")
-        w.partial[fd] = rest
-        if lines:
-            self._emit(w, kind, lines)
+        if fd not in w.lines:
+            w.lines[fd] = Lines(w.name, kind)
+        w.lines[fd].feed(data)
         return True
 
-    def _emit(self, w: _Worker, kind: str, lines: list[bytes]) -> None:
-        prefix = f"[{w.name}] ".encode()
-        _write_fd(1 if kind == "out" else 2, b"".join(prefix + line + b"\n" for line in lines))
-
     def _close_fd(self, w: _Worker, fd: int) -> None:
-        rest = w.partial.pop(fd, b"")
-        if rest and w.fds.get(fd) in ("out", "err"):
-            self._emit(w, w.fds[fd], [rest])
+        lines = w.lines.pop(fd, None)
+        if lines is not None:
+            lines.flush()
         try:
             self._poller.unregister(fd)
         except KeyError:
@@ -485,9 +462,9 @@ class WorkerManager:
         self._failed_worker = w
         text = w.error_text.decode("utf-8", "replace").rstrip()
         if isinstance(exc, NodeFailed):
-            _say(str(exc))
+            say(str(exc))
         else:
-            _say(f"Error in node '{w.name}':\n{text}")
+            say(f"Error in node '{w.name}':\n{text}")
         self._begin_stop()
 
     def _begin_stop(self) -> None:
@@ -517,7 +494,7 @@ class WorkerManager:
         self._kill_at = None
         if not alive:
             return
-        _say(
+        say(
             f"Nodes that did not stop within the termination notice ({self._notice} s): {[w.name for w in alive]}; killing them."
         )
         self._kill_all()
@@ -583,21 +560,3 @@ def _ended(w: _Worker) -> bool:
 def _child_stopping() -> bool:
     ctx = context.current_or_none()
     return ctx is not None and ctx.stopper.event.is_set()
-
-
-def _write_fd(fd: int, data: bytes) -> None:
-    """Whole lines straight to the descriptor: going through ``sys.stdout`` would put
-    them between the two writes of a ``print()`` in another thread of the launcher."""
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except InterruptedError:
-            continue
-        except OSError:
-            return
-        view = view[n:]
-
-
-def _say(msg: str) -> None:
-    _write_fd(2, (msg.rstrip("\n") + "\n").encode("utf-8", "replace"))

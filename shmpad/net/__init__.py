@@ -3,17 +3,22 @@ rings (PeerRing: allreduce, broadcast), the gradient accumulator and cross-host 
 
 from typing import Any
 
-# Collectives between peers
-from shmpad.net.allreduce import PeerRing
-from shmpad.net.auth import Listener, connect, load_token
+# Wire format and authentication
+from shmpad.net.wire import Connection
+from shmpad.net.auth import Listener
+from shmpad.net.auth import connect
+from shmpad.net.auth import load_token
 
 # Membership (Broker below: ``python -m shmpad.net.broker`` runs that module as the
 # main one, so the package must not have imported it already)
-from shmpad.net.group import GroupClient, Member, Membership
+from shmpad.net.group import GroupClient
+from shmpad.net.group import Member
+from shmpad.net.group import Membership
+
+# Collectives between peers
+from shmpad.net.allreduce import PeerRing
 from shmpad.net.mesh import Mesh
 
-# Wire format and authentication
-from shmpad.net.wire import Connection
 
 __all__ = [
     "Accumulator",
