@@ -9,9 +9,7 @@ the calling process, and return a result >= 0 or a code from ``layout.py``.
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
@@ -19,8 +17,9 @@ from numba import njit
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, nowait, rows_u8
-from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire, store_release
+from shmpad.ringbuf.atomics import load_acquire, store_release
 from shmpad.ringbuf.batch import MessageBatch
+from shmpad.ringbuf.blocking import Blocking
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
     BYTES_PUT,
@@ -40,21 +39,16 @@ from shmpad.ringbuf.layout import (
     SLOTS,
     STRIDE,
     TAIL,
-    TOO_BIG,
     WAITS_EMPTY,
     WAITS_FULL,
     round_up,
 )
 from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
 from shmpad.ringbuf.statistics import RingStatistics
-from shmpad.ringbuf.wait import finish_wait, notify_always, prepare_wait, sleep
+from shmpad.ringbuf.wait import notify_always
 
 __all__ = ["ByteRing", "Kernels", "current_pid"]
 
-# Spins before sleeping: long enough to cover a peer that is mid-copy (~tens of us).
-SPIN = 2000
-# A sleeper wakes at least this often to check deadlines and dead claims.
-SLEEP_CHUNK_S = 0.05
 MAX_SLOT_SIZE = (1 << 32) - 1
 MAX_CAPACITY = (1 << 31) - 1
 
@@ -96,28 +90,6 @@ class Kernels(NamedTuple):
 
 
 @njit(nogil=True, cache=True)
-def _wait_change(ctl, idx, old, ev, spin, timeout_ns):
-    """Spin, then sleep on the event ``ev``, until ``ctl[idx]`` differs from ``old`` or the
-    ring is closed; nonzero if it did within ``timeout_ns``."""
-    for _ in range(spin):
-        if load_acquire(ctl, idx) != old:  # pairs with the release store that changed it
-            return 1
-        cpu_pause()
-    seq = prepare_wait(ctl, ev)
-    changed = load_acquire(ctl, idx) != old or load_acquire(ctl, CLOSED) != 0
-    if not changed:
-        sleep(ctl, ev, seq, timeout_ns)
-        changed = load_acquire(ctl, idx) != old
-    finish_wait(ctl, ev)
-    return 1 if changed else 0
-
-
-@njit(nogil=True, cache=True)
-def _count(ctl, idx):
-    fetch_add(ctl, idx, 1)
-
-
-@njit(nogil=True, cache=True)
 def _close(ctl):
     store_release(ctl, CLOSED, 1)  # pairs with load_acquire(CLOSED) in the kernels' drain checks
     notify_always(ctl, EV_NOT_EMPTY)
@@ -129,7 +101,7 @@ def _load(ctl, idx):
     return load_acquire(ctl, idx)
 
 
-class ByteRing:
+class ByteRing(Blocking):
     """Shared behaviour of the byte-message rings; use ``SPSCRing`` or ``MPMCRing``."""
 
     KIND: ClassVar[str]
@@ -511,67 +483,6 @@ class ByteRing:
 
     def _release_except(self, keep: list[tuple[int, int]]) -> None:
         raise NotImplementedError
-
-    def _recover(self) -> None:
-        """Called when a wait made no progress for a sleep chunk: kinds that can detect
-        dead claims do it here."""
-
-    def _raise_for(self, r: int, data: Any, what: str = "put") -> None:
-        if r == RESERVATION_OPEN:
-            raise RuntimeError(f"{what}() called between reserve() and commit()")
-        if r == CLOSED_CODE:
-            raise Closed("ring is closed")
-        if r == TOO_BIG:
-            n = len(data) if data is not None else -1
-            raise ValueError(f"slot holds at most {self.slot_size} bytes, got {n}")
-
-    def _raise_empty(self, r: int, wait_ok: bool = False) -> None:
-        if r == CLOSED_CODE:
-            raise Closed("ring is closed and drained")
-        if not wait_ok and r < 0:
-            raise WouldBlock("ring is empty")
-
-    def _retry(self, r: int, attempt: Callable[[], int], reading: bool, timeout, what: str, data) -> int:
-        """Wait and retry ``attempt`` until it succeeds (returns >= 0); ``r`` is the
-        failed first attempt's code."""
-        if reading:
-            self._raise_empty(r, wait_ok=True)
-        else:
-            self._raise_for(r, data)
-        deadline = check_timeout(timeout)
-        counter = WAITS_EMPTY if reading else WAITS_FULL
-        while True:
-            self._wait(reading, counter, deadline, timeout, what)
-            counter = -1
-            r = attempt()
-            if r >= 0:
-                return r
-            if reading:
-                self._raise_empty(r, wait_ok=True)
-            else:
-                self._raise_for(r, data)
-
-    def _wait(self, reading: bool, counter: int, deadline: float | None, timeout, what: str) -> None:
-        """Block until the ring may have become readable (or writable), counting one
-        wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``."""
-        if counter >= 0:
-            _count(self._ctl, counter)
-        watch = self.kernels.watch_read if reading else self.kernels.watch_write
-        ev = EV_NOT_EMPTY if reading else EV_NOT_FULL
-        while True:
-            idx, old = watch(self._ctl, _pid)
-            if idx < 0:
-                return
-            if deadline is None:
-                chunk = SLEEP_CHUNK_S
-            else:
-                chunk = min(deadline - time.monotonic(), SLEEP_CHUNK_S)
-                if chunk <= 0:
-                    state = "empty" if reading else "full"
-                    raise Timeout(f"{what} timed out after {timeout} s: ring {state} ({self.capacity} slots)")
-            if _wait_change(self._ctl, idx, old, ev, SPIN, math.ceil(chunk * 1e9)):
-                return
-            self._recover()
 
 
 def _reservation_open(ctl, data, pid) -> int:

@@ -1,0 +1,125 @@
+"""How a ring call that cannot complete at once waits: the failed fast path's code
+turned into an error (``Closed``, ``WouldBlock``, a too-large message) or into a wait,
+bounded spinning then a futex sleep in chunks, until the ring changes, the deadline
+passes (``Timeout``) or a dead peer's claim is recovered. Nothing here runs on the
+fast path: a call that succeeds at once never gets here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable
+
+from numba import njit
+
+from shmpad.errors import Closed, Timeout, WouldBlock
+from shmpad.ringbuf.args import check_timeout
+from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire
+from shmpad.ringbuf.layout import (
+    CLOSED,
+    CLOSED_CODE,
+    EV_NOT_EMPTY,
+    EV_NOT_FULL,
+    RESERVATION_OPEN,
+    TOO_BIG,
+    WAITS_EMPTY,
+    WAITS_FULL,
+)
+from shmpad.ringbuf.wait import finish_wait, prepare_wait, sleep
+
+__all__ = ["Blocking", "SPIN", "SLEEP_CHUNK_S"]
+
+# Spins before sleeping: long enough to cover a peer that is mid-copy (~tens of us).
+SPIN = 2000
+# A sleeper wakes at least this often to check deadlines and dead claims.
+SLEEP_CHUNK_S = 0.05
+
+
+@njit(nogil=True, cache=True)
+def _wait_change(ctl, idx, old, ev, spin, timeout_ns):
+    """Spin, then sleep on the event ``ev``, until ``ctl[idx]`` differs from ``old`` or the
+    ring is closed; nonzero if it did within ``timeout_ns``."""
+    for _ in range(spin):
+        if load_acquire(ctl, idx) != old:  # pairs with the release store that changed it
+            return 1
+        cpu_pause()
+    seq = prepare_wait(ctl, ev)
+    changed = load_acquire(ctl, idx) != old or load_acquire(ctl, CLOSED) != 0
+    if not changed:
+        sleep(ctl, ev, seq, timeout_ns)
+        changed = load_acquire(ctl, idx) != old
+    finish_wait(ctl, ev)
+    return 1 if changed else 0
+
+
+@njit(nogil=True, cache=True)
+def _count(ctl, idx):
+    fetch_add(ctl, idx, 1)
+
+
+class Blocking:
+    """The waiting half of ``ByteRing``: it needs ``_ctl``, ``capacity``, ``slot_size``
+    and ``kernels`` (with ``watch_read``/``watch_write``) from the ring."""
+
+    def _recover(self) -> None:
+        """Called when a wait made no progress for a sleep chunk: kinds that can detect
+        dead claims do it here."""
+
+    def _raise_for(self, r: int, data: Any, what: str = "put") -> None:
+        if r == RESERVATION_OPEN:
+            raise RuntimeError(f"{what}() called between reserve() and commit()")
+        if r == CLOSED_CODE:
+            raise Closed("ring is closed")
+        if r == TOO_BIG:
+            n = len(data) if data is not None else -1
+            raise ValueError(f"slot holds at most {self.slot_size} bytes, got {n}")
+
+    def _raise_empty(self, r: int, wait_ok: bool = False) -> None:
+        if r == CLOSED_CODE:
+            raise Closed("ring is closed and drained")
+        if not wait_ok and r < 0:
+            raise WouldBlock("ring is empty")
+
+    def _retry(self, r: int, attempt: Callable[[], int], reading: bool, timeout, what: str, data) -> int:
+        """Wait and retry ``attempt`` until it succeeds (returns >= 0); ``r`` is the
+        failed first attempt's code."""
+        if reading:
+            self._raise_empty(r, wait_ok=True)
+        else:
+            self._raise_for(r, data)
+        deadline = check_timeout(timeout)
+        counter = WAITS_EMPTY if reading else WAITS_FULL
+        while True:
+            self._wait(reading, counter, deadline, timeout, what)
+            counter = -1
+            r = attempt()
+            if r >= 0:
+                return r
+            if reading:
+                self._raise_empty(r, wait_ok=True)
+            else:
+                self._raise_for(r, data)
+
+    def _wait(self, reading: bool, counter: int, deadline: float | None, timeout, what: str) -> None:
+        """Block until the ring may have become readable (or writable), counting one
+        wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``."""
+        if counter >= 0:
+            _count(self._ctl, counter)
+        watch = self.kernels.watch_read if reading else self.kernels.watch_write
+        ev = EV_NOT_EMPTY if reading else EV_NOT_FULL
+        while True:
+            idx, old = watch(self._ctl, os.getpid())
+            if idx < 0:
+                return
+            if deadline is None:
+                chunk = SLEEP_CHUNK_S
+            else:
+                chunk = min(deadline - time.monotonic(), SLEEP_CHUNK_S)
+                if chunk <= 0:
+                    state = "empty" if reading else "full"
+                    raise Timeout(f"{what} timed out after {timeout} s: ring {state} ({self.capacity} slots)")
+            if _wait_change(self._ctl, idx, old, ev, SPIN, math.ceil(chunk * 1e9)):
+                return
+            self._recover()
