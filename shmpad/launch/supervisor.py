@@ -27,48 +27,21 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-from shmpad.errors import Closed, NodeFailed
+from shmpad.errors import NodeFailed
 from shmpad.launch import context
+from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_thread
 from shmpad.launch.output import Lines, say
-from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
 
 __all__ = ["WorkerManager"]
 
 _READ = 1 << 16
-# Descriptors only a launcher may hold (stop pipes' write ends, request pipes' read
-# ends, node pipes and pidfds of every program this process launched): a forked
-# node closes them all, or a program's nodes would keep another's stop pipe open.
-_launcher_fds: set[int] = set()
 # How long after a stop begins the rings of data and courier nodes are closed (waking
 # whoever still blocks on them): time for stop handlers to send their last messages.
 CLOSE_GRACE_S = 1.0
-
-
-@dataclass
-class _Worker:
-    label: str
-    index: int
-    node: Node
-    resources: PythonProcess | None = None
-    pid: int | None = None
-    pidfd: int | None = None
-    thread: threading.Thread | None = None
-    fds: dict = field(default_factory=dict)  # read fd -> "out" | "err" | "error"
-    lines: dict = field(default_factory=dict)  # read fd of stdout/stderr -> Lines
-    error_text: bytearray = field(default_factory=bytearray)
-    exception: BaseException | None = None
-    exit_code: int | None = None
-    done: bool = False
-    reported: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.label}/{self.index}"
 
 
 class WorkerManager:
@@ -79,11 +52,11 @@ class WorkerManager:
         self.launch_type = launch_type
         self._processes = processes
         self._notice = termination_notice_secs
-        self._workers: list[_Worker] = []
+        self._workers: list[NodeRun] = []
         self._nodes: list[Node] = []
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
-        self._failed_worker: _Worker | None = None
+        self._failed_worker: NodeRun | None = None
         self._stopping = False
         self._interrupts = 0
         self._kill_at: float | None = None
@@ -91,7 +64,7 @@ class WorkerManager:
         self._finished = False
         self._stop_r, self._stop_w = os.pipe()
         self._req_r, self._req_w = os.pipe()
-        _launcher_fds.update((self._stop_w, self._req_r))
+        launcher_fds.update((self._stop_w, self._req_r))
         # reentrant: the signal handler pokes too, and may run inside a poke of its thread
         self._poke_lock = threading.RLock()
         os.set_blocking(self._req_r, False)
@@ -105,7 +78,7 @@ class WorkerManager:
     # -- setting up --------------------------------------------------------------------
 
     def add(self, label: str, index: int, node: Node, resources: PythonProcess | None) -> None:
-        self._workers.append(_Worker(label, index, node, resources))
+        self._workers.append(NodeRun(label, index, node, resources))
 
     def track(self, nodes: Iterable[Node]) -> None:
         """Nodes whose ``on_stop``/``release`` the manager calls (all of the program's),
@@ -149,9 +122,9 @@ class WorkerManager:
                     return
                 if self._failure is None or not raise_error:
                     # (after a failure, wait for the stop to finish, then raise it)
-                    if all(_ended(w) for w in mine):
+                    if all(w.ended() for w in mine):
                         return
-                    if return_on_first_completed and any(_ended(w) for w in mine):
+                    if return_on_first_completed and any(w.ended() for w in mine):
                         return
                 # a timed wait: the main thread runs Python signal handlers (Ctrl+C)
                 # only between waits
@@ -247,7 +220,7 @@ class WorkerManager:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         poller = select.poll()
         self._poller = poller
-        self._by_fd: dict[int, _Worker] = {}
+        self._by_fd: dict[int, NodeRun] = {}
         try:
             poller.register(self._req_r, select.POLLIN)
             for w in self._workers:
@@ -268,82 +241,13 @@ class WorkerManager:
         finally:
             self._finish()
 
-    def _start_worker(self, w: _Worker) -> None:
+    def _start_worker(self, w: NodeRun) -> None:
         if not self._processes:
-            ctx = context.NodeContext(self.program, self.launch_type, self._stopper, w.label, w.index)
-
-            def run() -> None:
-                context.set_thread_context(ctx)
-                try:
-                    w.node.run()
-                except BaseException as e:  # noqa: BLE001 - reported by the supervisor
-                    if not (self._stopper.event.is_set() and isinstance(e, Closed)):
-                        w.exception = e
-                        w.error_text = bytearray(traceback.format_exc().encode())
-                finally:
-                    w.done = True
-                    self._poke(b"t")
-
-            w.thread = threading.Thread(target=run, name=f"shmpad-node-{w.name}", daemon=True)
-            w.thread.start()
+            start_thread(w, self.program, self.launch_type, self._stopper, lambda: self._poke(b"t"))
             return
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        xr, xw = os.pipe()
-        others = [fd for fd in tuple(_launcher_fds) if fd >= 0]  # other supervisors change the set
-        body = self._child_body(w, out_w, err_w, xw)
-        try:
-            w.pid = fork(
-                body,
-                stdout_fd=out_w,
-                stderr_fd=err_w,
-                error_fd=xw,
-                close_fds=tuple(others + [out_r, err_r, xr]),
-                clean_exit=lambda exc: isinstance(exc, Closed) and _child_stopping(),
-            )
-        except BaseException:
-            for fd in (out_r, err_r, xr):
-                os.close(fd)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-            os.close(xw)
-        try:
-            w.pidfd = os.pidfd_open(w.pid)
-        except BaseException:
-            os.kill(w.pid, signal.SIGKILL)  # a child we could not watch must not run
-            os.waitpid(w.pid, 0)
-            w.exit_code, w.done = -signal.SIGKILL, True
-            for fd in (out_r, err_r, xr):
-                os.close(fd)
-            raise
-        _launcher_fds.update((w.pidfd, out_r, err_r, xr))
-        for fd, kind in ((out_r, "out"), (err_r, "err"), (xr, "error")):
-            os.set_blocking(fd, False)
-            w.fds[fd] = kind
+        for fd in start_process(w, self.program, self.launch_type, self._stop_r, self._req_w):
             self._by_fd[fd] = w
             self._poller.register(fd, select.POLLIN)
-        self._by_fd[w.pidfd] = w
-        self._poller.register(w.pidfd, select.POLLIN)
-
-    def _child_body(self, w: _Worker, out_w: int, err_w: int, xw: int) -> Callable[[], None]:
-        stop_r, req_w = self._stop_r, self._req_w
-
-        def body() -> None:
-            stopper = context.StopController(request_fd=req_w)
-            context.set_thread_context(None)
-            ctx = context.NodeContext(self.program, self.launch_type, stopper, w.label, w.index)
-            ctx.extra.update(stop_fd=stop_r, request_fd=req_w)
-            context.set_process_context(ctx)
-            signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())
-            stopper.watch(stop_r)
-            if w.resources is not None:
-                os.environ.update({k: str(v) for k, v in w.resources.env.items()})
-                sys.argv[1:] = w.resources.argv()
-            w.node.run()
-
-        return body
 
     def _loop(self) -> None:
         while True:
@@ -370,7 +274,7 @@ class WorkerManager:
                 self._on_notice_expired()
 
     def _all_done(self) -> bool:
-        return all(_ended(w) for w in self._workers)
+        return all(w.ended() for w in self._workers)
 
     def _on_requests(self) -> None:
         try:
@@ -398,7 +302,7 @@ class WorkerManager:
                     self._fail(w, w.exception)
                 self._notify()
 
-    def _read(self, w: _Worker, fd: int) -> bool:
+    def _read(self, w: NodeRun, fd: int) -> bool:
         """Forward what ``fd`` has; False when it had nothing (it is then closed if at
         end-of-file)."""
         try:
@@ -419,7 +323,7 @@ class WorkerManager:
         w.lines[fd].feed(data)
         return True
 
-    def _close_fd(self, w: _Worker, fd: int) -> None:
+    def _close_fd(self, w: NodeRun, fd: int) -> None:
         lines = w.lines.pop(fd, None)
         if lines is not None:
             lines.flush()
@@ -429,10 +333,10 @@ class WorkerManager:
             pass
         self._by_fd.pop(fd, None)
         w.fds.pop(fd, None)
-        _launcher_fds.discard(fd)
+        launcher_fds.discard(fd)
         os.close(fd)
 
-    def _reap(self, w: _Worker) -> None:
+    def _reap(self, w: NodeRun) -> None:
         try:
             _, status = os.waitpid(w.pid, 0)
             w.exit_code = os.waitstatus_to_exitcode(status)
@@ -447,7 +351,7 @@ class WorkerManager:
                 self._close_fd(w, fd)
         self._poller.unregister(w.pidfd)
         self._by_fd.pop(w.pidfd, None)
-        _launcher_fds.discard(w.pidfd)
+        launcher_fds.discard(w.pidfd)
         os.close(w.pidfd)
         w.pidfd = None
         w.done = True
@@ -455,7 +359,7 @@ class WorkerManager:
             self._fail(w, NodeFailed(w.label, w.index, w.exit_code, w.error_text.decode("utf-8", "replace")))
         self._notify()
 
-    def _fail(self, w: _Worker, exc: BaseException) -> None:
+    def _fail(self, w: NodeRun, exc: BaseException) -> None:
         if self._stopping or self._failure is not None:
             return  # what ends during a stop is not a failure
         self._failure = exc
@@ -473,7 +377,7 @@ class WorkerManager:
         self._stopping = True
         if self._notice >= 0:
             self._kill_at = time.monotonic() + self._notice
-        _launcher_fds.discard(self._stop_w)
+        launcher_fds.discard(self._stop_w)
         os.close(self._stop_w)
         self._stop_w = -1
         grace = CLOSE_GRACE_S if self._notice < 0 else min(CLOSE_GRACE_S, self._notice / 2)
@@ -529,12 +433,12 @@ class WorkerManager:
             for fd in list(w.fds):
                 self._close_fd(w, fd)
             if w.pidfd is not None:
-                _launcher_fds.discard(w.pidfd)
+                launcher_fds.discard(w.pidfd)
                 os.close(w.pidfd)
                 w.pidfd = None
         for fd in (self._stop_w, self._stop_r, self._req_r):
             if fd >= 0:
-                _launcher_fds.discard(fd)
+                launcher_fds.discard(fd)
                 os.close(fd)
         self._stop_w = self._stop_r = self._req_r = -1
         with self._poke_lock:
@@ -549,14 +453,3 @@ class WorkerManager:
         with self._cond:
             self._finished = True
             self._cond.notify_all()
-
-
-def _ended(w: _Worker) -> bool:
-    """A node has ended once the supervisor has looked at how (a thread sets ``done``
-    itself; its failure is recorded a moment later)."""
-    return w.done and (w.thread is None or w.reported)
-
-
-def _child_stopping() -> bool:
-    ctx = context.current_or_none()
-    return ctx is not None and ctx.stopper.event.is_set()
