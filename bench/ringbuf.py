@@ -57,8 +57,9 @@ from dataclasses import dataclass
 
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing, run_main
-from bench.peers import PEERS, Plan, Subject, Tally
+from bench.peers import PEERS
 from bench.report import finish, fmt_rate, fmt_ratio, verdict
+from bench.ringbuf_plan import Plan, Subject, Tally
 from bench.ringbuf_subjects import SHMPAD, ShmpadSubject, copies, missing_ring, single_calls
 from bench.subject import available, select
 

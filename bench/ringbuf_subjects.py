@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.peers import END, Plan, Subject, Tally, idler, receive_until_ends, send_for
+from bench.ringbuf_plan import END, Plan, Subject, Tally, idler, receive_until_ends, send_for
 
 
 def ring_class(kind: str):
