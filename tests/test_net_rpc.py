@@ -620,3 +620,51 @@ def test_a_handle_pickled_to_another_program(where, shm_leak_check):
         server_pid = manager.pids()["server/0"]
         assert got["pickled"] == ["shm" if where == "this host" else "tcp", server_pid, 5]
         assert got["from_address"] == ["tcp", server_pid]
+
+
+_RSS_SERVER = """
+import os, sys, time
+from shmpad.rpc.tcp_server import TcpRpcServer
+class Echo:
+    def echo(self, x):
+        return x
+server = TcpRpcServer(Echo(), "127.0.0.1:0", sys.argv[1])
+print(server.address, flush=True)
+time.sleep(120)
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_memory_follows_the_bytes_a_peer_sent_not_the_lengths_it_claims():
+    """Authenticated peers send headers claiming 200 MiB frames, then a little of each
+    and nothing more: the server's memory grows by about what arrived, not by 800 MiB."""
+    server = subprocess.Popen([sys.executable, "-c", _RSS_SERVER, TOKEN], stdout=subprocess.PIPE, text=True)
+    conns = []
+    try:
+        address = server.stdout.readline().strip()
+        with TcpRpcClient(address, TOKEN) as c:
+            assert c.echo(1) == 1  # the server is up and has served a call
+        before = _rss_kib(server.pid)
+        for i in range(4):
+            conn = auth.connect(address, TOKEN)
+            conns.append(conn)
+            claim = 200 << 20
+            conn.sock.sendall(wire.HEADER.pack(wire.FRAME_MAGIC, wire.VERSION, wire.Kind.PICKLE, 0, i, claim))
+            conn.sock.sendall(bytes(64 << 10))  # a little of it, then silence
+        with TcpRpcClient(address, TOKEN) as c:  # a legitimate client is served meanwhile
+            assert c.echo(b"x" * 1000) == b"x" * 1000
+        deadline = time.monotonic() + 2.0  # the attack window: memory must stay low all through it
+        peak = before
+        while time.monotonic() < deadline:
+            peak = max(peak, _rss_kib(server.pid))
+            time.sleep(0.05)
+        assert peak - before < 64 << 10, f"the server grew by {(peak - before) >> 10} MiB for 4 x 64 KiB received"
+    finally:
+        for conn in conns:
+            conn.close()
+        server.kill()
+        server.wait(30)

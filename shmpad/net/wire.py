@@ -61,6 +61,7 @@ HEADER = struct.Struct("<4sBBHQQ")  # 24 B
 
 MAX_FRAME = 256 << 20  # default bound of one frame's payload; allreduce sends its arrays in chunks below it
 MAX_CONTROL = 1 << 20
+RECV_CHUNK = 1 << 20  # a frame's buffer starts this large and doubles as its bytes arrive
 
 
 class Kind(enum.IntEnum):
@@ -228,8 +229,7 @@ class Connection:
         kind, flags, tag, length = self.recv_header()
         if kind == Kind.PICKLE and length < MAC:
             self._refuse(f"PICKLE frame of {length} bytes is shorter than its {MAC}-byte integrity tag")
-        payload = bytearray(length)
-        self.recv_into(memoryview(payload), what=f"a {length}-byte frame")
+        payload = self._recv_payload(length)
         if kind != Kind.PICKLE:
             return Frame(kind, flags, tag, payload)
         body = memoryview(payload)[:-MAC]
@@ -247,13 +247,25 @@ class Connection:
         kind, flags, tag, length = self.recv_header()  # refuses a CONTROL frame over MAX_CONTROL
         if kind != Kind.CONTROL:
             self._refuse(f"expected a CONTROL frame, got kind {kind} ({length} bytes)")
-        payload = bytearray(length)
-        self.recv_into(memoryview(payload), what=f"a {length}-byte frame")
+        payload = self._recv_payload(length)
         frame = Frame(kind, flags, tag, payload)
         try:
             return frame.json()
         except FrameError as e:
             self._refuse(str(e))
+
+    def _recv_payload(self, length: int) -> bytearray:
+        """A payload of ``length`` bytes, in a buffer that grows as bytes arrive (the
+        first ``RECV_CHUNK``, then doubling): memory follows the bytes a peer sent,
+        never the length its header claimed."""
+        buf = bytearray(min(length, RECV_CHUNK))
+        got = 0
+        while True:
+            self.recv_into(memoryview(buf)[got:], what=f"a {length}-byte frame")
+            got = len(buf)
+            if got == length:
+                return buf
+            buf += bytes(min(got, length - got))
 
     def recv_into(self, view: memoryview, what: str = "data") -> None:
         """Fill ``view`` exactly from the socket."""
