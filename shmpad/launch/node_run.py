@@ -23,6 +23,7 @@ from shmpad.launch import context
 from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
+from shmpad.ringbuf import janitor
 
 __all__ = ["NodeRun", "launcher_fds", "start_process", "start_thread"]
 
@@ -118,6 +119,7 @@ def start_process(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w
         for fd in (out_r, err_r, xr):
             os.close(fd)
         raise
+    janitor.register_group(w.pid)  # if the launcher is SIGKILLed, the janitor ends the node's group
     launcher_fds.update((w.pidfd, out_r, err_r, xr))
     for fd, kind in ((out_r, "out"), (err_r, "err"), (xr, "error")):
         os.set_blocking(fd, False)

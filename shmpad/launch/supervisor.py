@@ -19,6 +19,7 @@ by ``wait()``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import os
 import select
@@ -35,6 +36,7 @@ from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_t
 from shmpad.launch.output import Lines, say
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
+from shmpad.ringbuf import janitor
 
 __all__ = ["WorkerManager"]
 
@@ -337,6 +339,12 @@ class WorkerManager:
         os.close(fd)
 
     def _reap(self, w: NodeRun) -> None:
+        # The node has exited; unreaped, its pid cannot be reused, so its process group
+        # is still the node's: end what it left behind (grandchildren that ignored
+        # SIGTERM, daemons it did not wait for) before the pid is let go.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(w.pid, signal.SIGKILL)
+        janitor.unregister_group(w.pid)
         try:
             _, status = os.waitpid(w.pid, 0)
             w.exit_code = os.waitstatus_to_exitcode(status)

@@ -4,9 +4,13 @@ The first process that creates a segment starts one janitor: a tiny Python proce
 (no site-packages, no shmpad import) whose standard input is a pipe. Every process of
 the program holds the pipe's write end (forked children inherit it), and sends
 ``+<name in hex>`` when it creates a segment and ``-<name in hex>`` when it unlinks one
-(hex, so that no byte of a name can break a line or stand for another name). When the last
+(hex, so that no byte of a name can break a line or stand for another name), and
+``g<pgid>`` / ``h<pgid>`` when a launcher starts a node process (the leader of its own
+process group) and when it has reaped it. When the last
 holder exits, however it exits (normally, on an exception, or SIGKILLed), the janitor
-reads end-of-file and unlinks every name still registered.
+reads end-of-file, unlinks every name still registered and SIGKILLs every process
+group still registered: the nodes of a SIGKILLed launcher die with it (parent-death
+signal), and this ends what they had started (their groups outlive them).
 
 Processes forked before the janitor started do not hold the pipe: a launcher calls
 ``start()`` before it forks. The janitor runs in its own session so that Ctrl+C in a terminal does not kill it
@@ -20,7 +24,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["start", "register", "unregister"]
+__all__ = ["start", "register", "unregister", "register_group", "unregister_group"]
 
 # Runs under ``python -I -S``: standard library only, starts in a few milliseconds.
 _JANITOR_SOURCE = r"""
@@ -28,8 +32,12 @@ import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 names = set()
+groups = set()
 for line in sys.stdin.buffer:
     line = line.strip()
+    if line[:1] in (b"g", b"h") and line[1:].isdigit():
+        (groups.add if line[:1] == b"g" else groups.discard)(int(line[1:]))
+        continue
     try:
         name = bytes.fromhex(line[1:].decode("ascii"))
     except ValueError:
@@ -38,6 +46,11 @@ for line in sys.stdin.buffer:
         names.add(name)
     elif line[:1] == b"-":
         names.discard(name)
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
 for name in names:
     base = name.lstrip(b"/")
     if not base or b"/" in base or b"\0" in base:
@@ -101,3 +114,14 @@ def register(name: str) -> None:
 def unregister(name: str) -> None:
     """``name`` was unlinked; the janitor can forget it."""
     _send("-" + name.encode("utf-8", "surrogateescape").hex())
+
+
+def register_group(pgid: int) -> None:
+    """Have the janitor SIGKILL process group ``pgid`` when the program is gone, unless
+    unregistered (a launcher registers each node process it starts)."""
+    _send(f"g{int(pgid)}")
+
+
+def unregister_group(pgid: int) -> None:
+    """The launcher reaped the leader of ``pgid`` and ended its group itself."""
+    _send(f"h{int(pgid)}")
