@@ -736,21 +736,26 @@ def _seqs(out: dict) -> list[int]:
 def _run_against_deque(multi: bool, capacity: int, ops: list[tuple[str, int]]) -> None:
     """Model: ``queue`` the items in the ring not yet taken, ``held`` what was handed out
     and not released (with the arrays handed out, which must not change until release),
-    ``kept`` what a timed-out ``get_batch`` took. Every call uses timeout 0, so the model
+    ``kept`` what a timed-out ``get_batch`` took (in its slots on SPSC, copied out on MPMC). Every call uses timeout 0, so the model
     says exactly when it must succeed."""
     helpers.child_log(f"{helpers.LOG_MARK} TypedRing.create(SMALL, {capacity}, multi={multi})")
     ring = TypedRing.create(SMALL, capacity, multi=multi)
     queue: collections.deque[int] = collections.deque()
     held: list[tuple[dict, list[int]]] = []
     kept: list[int] = []
+    private: set[int] = set()  # MPMC: items handed out of a timed-out batch's copy, in no slot
     next_seq = puts = gets = 0
     try:
         for op, n in ops:
             helpers.child_log(f"{op} {n}")
-            occupied = len(queue) + sum(len(s) for _, s in held) + len(kept)
+            # A slot is busy while its item is queued, handed out and not released, or kept
+            # by a timed-out get_batch on an SPSC ring (on MPMC the batch copied it out and
+            # freed the slot before it waited). Item ``seq`` goes in the slot of item
+            # ``seq - capacity``: the ring is full while that one's slot is busy.
+            busy = set(queue) | ({q for _, s in held for q in s} - private) | (set() if multi else set(kept))
             if op in ("put", "reserve"):
                 for _ in range(n):
-                    if occupied == capacity:
+                    if next_seq - capacity in busy:
                         with pytest.raises(
                             Timeout, match=re.escape(f"timed out after 0 s: ring full ({capacity} slots)")
                         ):
@@ -767,12 +772,14 @@ def _run_against_deque(multi: bool, capacity: int, ops: list[tuple[str, int]]) -
                             slot[f][...] = value
                         ring.commit()
                     queue.append(next_seq)
+                    busy.add(next_seq)
                     next_seq += 1
-                    occupied += 1
                     puts += 1
             elif op == "get" and kept:
                 item = ring.get_nowait()  # the items a timed-out get_batch kept come first
                 want = [kept.pop(0)]
+                if multi:
+                    private.update(want)
                 assert _seqs(item) == want
                 held.append((item, want))
             elif op == "get":
@@ -798,6 +805,8 @@ def _run_against_deque(multi: bool, capacity: int, ops: list[tuple[str, int]]) -
                 batch = ring.get_batch(n, timeout=0)
                 taken = [queue.popleft() for _ in range(max(0, n - len(kept)))]
                 gets += len(taken)
+                if multi:
+                    private.update(kept[:n])
                 want, kept = (kept + taken)[:n], kept[n:]
                 assert _seqs(batch) == want
                 held.append((batch, want))

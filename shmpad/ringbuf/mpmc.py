@@ -414,6 +414,16 @@ class MPMCRing(ByteRing):
                     self._release(self._ctl, slot, 1)
         self._held[:] = keep
 
+    def _release_runs(self, runs: list[tuple[int, int]]) -> None:
+        """Free the slots of ``runs`` (slot, count) only; every other held slot stays held."""
+        gone = {slot for first, k in runs for slot in range(first, first + k)}
+        for slot in gone:
+            self._release(self._ctl, slot, 1)
+        left = []
+        for first, k in self._held:
+            left.extend((slot, 1) for slot in range(first, first + k) if slot not in gone)
+        self._held[:] = left
+
     def _recover(self) -> None:
         me = current_pid()
         for which in (0, 1):

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmpad.errors import SegmentError, Timeout
+from shmpad.errors import SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.args import check_timeout, nowait
 from shmpad.ringbuf.layout import round_up
 from shmpad.ringbuf.mpmc import MPMCRing
@@ -129,6 +129,9 @@ class TypedRing:
         self.item_bytes = sum(a.nbytes // self.capacity for a in self._fields.values())
         self._reserved = -1
         self._carry: list[tuple[int, int]] = []  # runs taken by a get_batch that timed out
+        # MPMC: items a waiting get_batch copied out of their slots (rows [at, n) of each array)
+        self._staged: dict[str, np.ndarray] = {}
+        self._staged_at = self._staged_n = 0
 
     @property
     def name(self) -> str:
@@ -209,13 +212,45 @@ class TypedRing:
     def get(self, timeout: float | None = None, torch: bool = False) -> dict[str, Any]:
         """The next item as read-only views of its slot (torch tensors with
         ``torch=True``, sharing the memory), valid until ``release()``."""
+        if self._staged_n > self._staged_at:
+            return self._unstage_one(torch)
         slot = self._carried() if self._carry else self._ring._take_run(1, timeout, True, "get")[0]
         return self._views(slot, 1, torch, single=True)
 
     def get_nowait(self, torch: bool = False) -> dict[str, Any]:
         """``get`` that raises ``WouldBlock`` instead of waiting."""
+        if self._staged_n > self._staged_at:
+            return self._unstage_one(torch)
         slot = self._carried() if self._carry else self._ring._take_run(1, None, False, "get")[0]
         return self._views(slot, 1, torch, single=True)
+
+    def _unstage_one(self, torch: bool) -> dict[str, Any]:
+        """The oldest item a waiting ``get_batch`` copied out, handed out now."""
+        at = self._staged_at
+        self._staged_at += 1
+        out = {f: a[at, ...] for f, a in self._staged.items()}
+        return _to_torch(out) if torch else out
+
+    def _stage(self, runs: list[tuple[int, int]], batch_size: int) -> None:
+        """Copy the items of ``runs`` into private memory and free their slots now.
+
+        A batch that waits for more items must not hold the slots it has: with other
+        consumers draining the ring, the producers would come round to a held slot and
+        wait for this consumer, which waits for them (the ring empty, no one moving)."""
+        n = sum(k for _, k in runs)
+        left = self._staged_n - self._staged_at
+        fresh = {}
+        for f, a in self._fields.items():
+            buf = np.empty((max(batch_size, left + n), *a.shape[1:]), a.dtype)  # a new one: handed-out rows stay valid
+            if left:
+                buf[:left] = self._staged[f][self._staged_at : self._staged_n]
+            at = left
+            for slot, k in runs:
+                buf[at : at + k] = a[slot : slot + k]
+                at += k
+            fresh[f] = buf
+        self._staged, self._staged_at, self._staged_n = fresh, 0, left + n
+        self._ring._release_runs(runs)
 
     def _carried(self) -> int:
         """The oldest item kept by a timed-out ``get_batch``, handed out now."""
@@ -236,19 +271,31 @@ class TypedRing:
 
         Views into the ring when the items sit in consecutive slots (always, for a
         single consumer whose capacity is a multiple of ``batch_size``); otherwise a
-        copy. On ``Timeout`` the items already taken are kept, still held, and come
-        first from the next ``get``/``get_batch``, so nothing is lost."""
+        copy. On ``Timeout`` the items already taken are kept and come first from the
+        next ``get``/``get_batch``, so nothing is lost. On an MPMC ring a batch that has
+        to wait first copies the items it took out of their slots and frees them, so
+        that it never holds slots the producers need while other consumers drain the
+        ring (the batch is then a copy)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
         if not 1 <= batch_size <= self.capacity:
             raise ValueError(f"batch_size must be between 1 and the capacity {self.capacity}, got {batch_size}")
         deadline = check_timeout(timeout)
         runs, self._carry = _split(self._carry, batch_size)
-        got = sum(k for _, k in runs)
+        staged = min(self._staged_n - self._staged_at, batch_size)
+        got = staged + sum(k for _, k in runs)
         while got < batch_size:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
+                if self.multi and runs:
+                    try:
+                        slot, k = self._ring._take_run(batch_size - got, None, False, "get_batch")
+                    except WouldBlock:  # about to wait: let go of the slots taken so far
+                        self._stage(runs, batch_size)
+                        runs, staged = [], self._staged_n - self._staged_at
+                        slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
+                else:
+                    slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
             except Timeout:
                 self._carry = runs
                 raise Timeout(
@@ -262,9 +309,9 @@ class TypedRing:
             else:
                 runs.append((slot, k))
             got += k
-        if len(runs) == 1:
+        if not staged and len(runs) == 1:
             return self._views(runs[0][0], batch_size, torch, single=False)
-        return self._gather(runs, batch_size, torch)
+        return self._gather(runs, batch_size, torch, staged)
 
     def release(self) -> None:
         """Free the slots of every item handed out by ``get``/``get_batch`` so far
@@ -282,11 +329,16 @@ class TypedRing:
             out = {f: a[slot : slot + k] for f, a in fields.items()}
         return _to_torch(out) if torch else out
 
-    def _gather(self, runs: list[tuple[int, int]], batch_size: int, torch: bool) -> dict[str, Any]:
+    def _gather(self, runs: list[tuple[int, int]], batch_size: int, torch: bool, staged: int = 0) -> dict[str, Any]:
+        """A copy of ``staged`` staged items, then the items of ``runs``, as one batch."""
         out = {}
+        first = self._staged_at
+        self._staged_at += staged
         for f, a in self._fields.items():
             buf = np.empty((batch_size, *a.shape[1:]), a.dtype)  # [B, ...]; a new one: earlier batches stay valid
-            at = 0
+            if staged:
+                buf[:staged] = self._staged[f][first : first + staged]
+            at = staged
             for slot, k in runs:
                 buf[at : at + k] = a[slot : slot + k]
                 at += k
