@@ -101,3 +101,98 @@ def test_batch_and_single_consumers_never_stall(batches):
                 p.kill()
                 p.join(30)
         ring.close()
+
+
+def _drain(name: str, stop, got) -> None:
+    from shmpad import MPMCRing
+
+    ring = MPMCRing.attach(name)
+    while not stop.is_set():
+        try:
+            ring.get_bytes(timeout=0.2)
+            with got.get_lock():
+                got.value += 1
+        except Timeout:
+            continue
+        except Closed:
+            break
+
+
+def _put_forever(name: str, stop, put) -> None:
+    from shmpad import MPMCRing
+
+    ring = MPMCRing.attach(name)
+    while not stop.is_set():
+        try:
+            ring.put(b"m" * 32, timeout=0.2)
+            with put.get_lock():
+                put.value += 1
+        except Timeout:
+            continue
+        except Closed:
+            break
+
+
+def _wait_for(what: str, condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_consumer_holding_a_view_cannot_wedge_the_ring_by_waiting():
+    """Consumer A holds a view and asks for the next message while B drains the ring:
+    the producers come round to A's slot and can put nothing until A releases it, so
+    A's wait could never end. A's get raises at once, naming the fix; after A's
+    release the producer moves again."""
+    from shmpad import MPMCRing
+
+    ring = MPMCRing.create(4, 64)
+    stop, got, put = FORK.Event(), FORK.Value("q", 0), FORK.Value("q", 0)
+    procs = [
+        FORK.Process(target=_put_forever, args=(ring.name, stop, put), daemon=True),
+    ]
+    try:
+        procs[0].start()
+        _wait_for("a first message", lambda: put.value >= 1)
+        view = ring.get(timeout=5)  # A holds this view
+        assert bytes(view) == b"m" * 32
+        procs.append(FORK.Process(target=_drain, args=(ring.name, stop, got), daemon=True))
+        procs[1].start()
+        _wait_for(
+            "the producer to come round to A's slot",
+            lambda: ring.statistics().waits_full > 0 and ring.statistics().size == 0,
+        )
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"^get\(\) would wait forever: .* release\(\) them before waiting$"):
+            ring.get(timeout=None)
+        assert time.monotonic() - started < 5.0
+        before = put.value
+        ring.release()
+        _wait_for("the producer to move again", lambda: put.value > before + 10)
+    finally:
+        stop.set()
+        ring.close()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+
+
+def test_an_spsc_consumer_holding_every_slot_cannot_wait_forever():
+    from shmpad import SPSCRing
+
+    ring = SPSCRing.create(2, 16)
+    try:
+        ring.put(b"a")
+        ring.put(b"b")
+        views = [ring.get_nowait(), ring.get_nowait()]
+        with pytest.raises(RuntimeError, match="would wait forever"):
+            ring.get(timeout=None)
+        assert [bytes(v) for v in views] == [b"a", b"b"]
+        ring.release()
+        ring.put(b"c", timeout=1)
+        assert ring.get_bytes(timeout=1) == b"c"
+    finally:
+        ring.close()

@@ -63,6 +63,10 @@ class Blocking:
     """The waiting half of ``ByteRing``: it needs ``_ctl``, ``capacity``, ``slot_size``
     and ``kernels`` (with ``watch_read``/``watch_write``) from the ring."""
 
+    def _producers_wait_for_me(self) -> bool:
+        """True when no producer can put until this handle releases what it holds."""
+        return False
+
     def _recover(self) -> None:
         """Called when a wait made no progress for a sleep chunk: kinds that can detect
         dead claims do it here."""
@@ -104,7 +108,9 @@ class Blocking:
 
     def _wait(self, reading: bool, counter: int, deadline: float | None, timeout, what: str) -> None:
         """Block until the ring may have become readable (or writable), counting one
-        wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``."""
+        wait in ``counter`` (-1: none). Raises ``Timeout`` past ``deadline``, and
+        ``RuntimeError`` for a read without a deadline that could never end (the ring
+        empty and its producers waiting for a slot this handle holds)."""
         if counter >= 0:
             _count(self._ctl, counter)
         watch = self.kernels.watch_read if reading else self.kernels.watch_write
@@ -113,6 +119,11 @@ class Blocking:
             idx, old = watch(self._ctl, os.getpid())
             if idx < 0:
                 return
+            if reading and deadline is None and self._held and self._producers_wait_for_me():
+                raise RuntimeError(
+                    f"{what}() would wait forever: the ring is empty and its producers wait for a slot whose "
+                    "message this handle holds (views stay valid until release()): release() them before waiting"
+                )
             if deadline is None:
                 chunk = SLEEP_CHUNK_S
             else:

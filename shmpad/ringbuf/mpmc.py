@@ -414,6 +414,14 @@ class MPMCRing(ByteRing):
                     self._release(self._ctl, slot, 1)
         self._held[:] = keep
 
+    def _producers_wait_for_me(self) -> bool:
+        # The slot at HEAD still holds the previous lap's message, handed out by this handle.
+        sw, s = _watch_write(self._ctl, current_pid())
+        if sw < 0 or _phase(s) != READING:
+            return False
+        slot = (sw - int(self._ctl[SLOT_WORDS])) // WORDS_PER_LINE
+        return any(first <= slot < first + k for first, k in self._held)
+
     def _release_runs(self, runs: list[tuple[int, int]]) -> None:
         """Free the slots of ``runs`` (slot, count) only; every other held slot stays held."""
         gone = {slot for first, k in runs for slot in range(first, first + k)}

@@ -339,6 +339,10 @@ class SPSCRing(ByteRing):
             self._release(self._ctl, 0, 0)
         return data
 
+    def _producers_wait_for_me(self) -> bool:
+        # one consumer: every slot holds a message this handle was handed out
+        return sum(k for _, k in self._held) >= self.capacity
+
     def _release_except(self, keep: list[tuple[int, int]]) -> None:
         """Free every held slot but the runs in ``keep`` (the newest taken)."""
         self._drop_cache()
