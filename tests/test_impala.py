@@ -99,7 +99,7 @@ def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     first = torch.load(out / "checkpoint.pt", weights_only=False)
     assert first["frames"] >= 2400 and first["optimizer"]["state"]  # Adam's moments are saved
     text = run_bench(*common, "--total-frames", "4800", "--resume", timeout=300)
-    assert f"resumed from {out / 'checkpoint.pt'} at {first['frames']} frames" in text
+    assert f"resuming {out} at {first['frames']:,} frames" in text
     rows2 = read_log(out)
     assert len(rows2) > len(rows) and int(rows2[-1]["frames"]) >= 4800
     assert float(rows2[len(rows)]["seconds"]) >= float(rows[-1]["seconds"])  # time continues too
