@@ -1,8 +1,15 @@
-"""How the benchmarks print their numbers: rates, ratios and target verdicts."""
+"""How the benchmarks print their numbers: rates, ratios and target verdicts.
+
+A target is what shmpad aims for on a machine like the one measured (``shmpad >= 1.5x
+gloo``); a benchmark prints PASS or FAIL for each and exits with status 1 when one was
+missed or a measurement failed, so a script can tell. ``--quick`` is the same in every
+benchmark: one short round of every measurement, to see that it runs (its numbers are
+noisy, and its verdicts mean little).
+"""
 
 from __future__ import annotations
 
-__all__ = ["fmt_rate", "fmt_ratio", "print_failures", "verdict"]
+__all__ = ["exit_status", "fmt_rate", "fmt_ratio", "fmt_seconds", "print_failures", "verdict"]
 
 
 def fmt_rate(x: float | None) -> str:
@@ -26,6 +33,19 @@ def print_failures(failures: list[str], file) -> None:
         print(f"\n{len(failures)} measurement(s) failed:", file=file)
         for f in failures:
             print(f"  {f}", file=file)
+
+
+def fmt_seconds(x: float) -> str:
+    """A duration for a summary line: ``0.4 s``, ``12 s``."""
+    return f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
+
+
+def exit_status(target_lines: list[str], failures: list[str], file) -> int:
+    """1 when a target line says FAIL or a measurement failed (saying how many), else 0."""
+    missed = sum(1 for line in target_lines if line.lstrip().startswith("FAIL"))
+    if missed:
+        print(f"\n{missed} target(s) missed: exit status 1", file=file)
+    return 1 if missed or failures else 0
 
 
 def verdict(passed: bool | None) -> str:

@@ -55,7 +55,7 @@ import numpy as np
 
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing
-from bench.report import fmt_rate, fmt_ratio, print_failures, verdict
+from bench.report import exit_status, fmt_rate, fmt_ratio, fmt_seconds, print_failures, verdict
 from bench.rpc_subjects import (
     FLOOR,
     PEERS,
@@ -95,7 +95,7 @@ class Args:
     json: bool = False
     """print one JSON object per subject and mode and line instead of tables"""
     quick: bool = False
-    """a run under 30 s: 1 round, 0.2 s per measurement (overrides --rounds, --seconds, --warmup)"""
+    """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.2 s (overrides --rounds, --seconds, --warmup)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
@@ -489,11 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"Note: {note}", file=out)
     print(f"Targets: {TARGETS}", file=out)
-    for line in targets(results, subjects, modes):
+    target_lines = targets(results, subjects, modes)
+    for line in target_lines:
         print(line, file=out)
     print_failures(failures, file=out)
-    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return 1 if failures else 0
+    print(f"\ntotal {fmt_seconds(time.monotonic() - started)}", file=sys.stderr)
+    return exit_status(target_lines, failures, out)
 
 
 def _exit_on_sigterm(signum, frame) -> None:

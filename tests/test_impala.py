@@ -21,6 +21,12 @@ from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixtu
 
 
 def run_bench(*args: str, timeout: float) -> str:
+    status, text = run_bench_status(*args, timeout=timeout)
+    assert status == 0, text[-3000:]
+    return text
+
+
+def run_bench_status(*args: str, timeout: float) -> tuple[int, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.impala", *args],
         stdout=subprocess.PIPE,
@@ -35,9 +41,7 @@ def run_bench(*args: str, timeout: float) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         raise AssertionError(f"bench.impala did not finish in {timeout} s:\n{out.decode()[-3000:]}") from None
-    text = out.decode()
-    assert proc.returncode == 0, text[-3000:]
-    return text
+    return proc.returncode, out.decode()
 
 
 def read_log(out_dir) -> list[dict]:

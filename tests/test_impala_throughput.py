@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from test_impala import run_bench
+from test_impala import run_bench_status
 
 TINY = (
     "--env", "ALE/Pong-v5", "--num-workers", "2", "--envs-per-worker", "2", "--batch-size", "4",
@@ -18,8 +18,9 @@ TINY = (
 
 @pytest.mark.slow
 def test_report_throughput_prints_both_measurements_and_the_targets():
-    text = run_bench("--report-throughput", *TINY, timeout=400)
+    status, text = run_bench_status("--report-throughput", *TINY, timeout=400)
     lines = text.splitlines()
+    assert status == (1 if any(line.startswith("FAIL ") for line in lines) else 0), text[-3000:]  # a missed target fails
     assert lines[0].startswith("# bench.impala --report-throughput")
     assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 3
     assert len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 3
