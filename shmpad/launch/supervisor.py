@@ -34,6 +34,7 @@ from shmpad.launch import context
 from shmpad.errors import Closed, NodeFailed
 from shmpad.nodes.base import Node
 from shmpad.launch.process import fork
+from shmpad.launch.title import set_node_title
 
 __all__ = ["WorkerManager", "PythonProcess"]
 
@@ -351,6 +352,7 @@ class WorkerManager:
             ctx = context.NodeContext(self.program, self.launch_type, stopper, w.label, w.index)
             ctx.extra.update(stop_fd=stop_r, request_fd=req_w)
             context.set_process_context(ctx)
+            set_node_title(w.label, w.index)
             signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())
             stopper.watch(stop_r)
             if w.resources is not None:
