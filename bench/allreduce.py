@@ -1,7 +1,7 @@
 """Allreduce over loopback TCP: shmpad's PeerRing.allreduce side by side with torch.distributed (gloo).
 
     python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB, ~30 s on 2 cores
-    python -m bench.allreduce --quick                  # 2 peers, 1 and 16 MB, 3 repetitions
+    python -m bench.allreduce --quick                  # one short round: 2 peers, 1 and 16 MB, 1 repetition
     python -m bench.allreduce --peers 4 --sizes-mb 64 --reps 15
     python -m bench.allreduce --json                   # one JSON object per subject, peer count and size
 
@@ -66,14 +66,14 @@ class Args:
     json: bool = False
     """print one JSON object per subject, peer count and size instead of a table"""
     quick: bool = False
-    """a short run: 2 peers, 1 and 16 MB, 3 repetitions, 1 warm-up (overrides --peers, --sizes-mb, --reps, --warmup)"""
+    """one short round of every measurement, to see that it runs (noisy numbers): 2 peers, 1 and 16 MB, 1 repetition after 1 warm-up (overrides --peers, --sizes-mb, --reps, --warmup)"""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int]]:
     parser = parser_for(Args, prog="python -m bench.allreduce", description=__doc__.split("\n\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
     if args.quick:
-        args.peers, args.sizes_mb, args.reps, args.warmup = "2", "1,16", 3, 1
+        args.peers, args.sizes_mb, args.reps, args.warmup = "2", "1,16", 1, 1
     try:
         peers = [int(p) for p in args.peers.split(",") if p.strip()]
         sizes = [int(float(s) * (1 << 20)) // 4 * 4 for s in args.sizes_mb.split(",") if s.strip()]

@@ -2,7 +2,8 @@
 
 A benchmark declares its options as an ``Args`` dataclass (CleanRL style), with a
 docstring under every field; ``parser_for(Args, ...)`` turns that into an argparse
-parser, so the options are written once.
+parser, so the options are written once. The metavar of an option shows its default
+(``--total-frames 200000``), so the help needs no ``(default: ...)`` after every line.
 """
 
 from __future__ import annotations
@@ -12,23 +13,56 @@ import ast
 import dataclasses
 import inspect
 import itertools
+from collections.abc import Mapping, Sequence
 
-__all__ = ["parser_for"]
+__all__ = ["explicit_options", "parser_for"]
 
 
-def parser_for(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
+def parser_for(
+    cls: type,
+    prog: str,
+    description: str,
+    groups: Mapping[str, Sequence[str]] | None = None,
+    choices: Mapping[str, Sequence[str]] | None = None,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
     """A parser with ``--field-name`` for every field of the dataclass ``cls``: a flag for
-    a bool, else a value of the field's type (int, float or str) defaulting to the field's."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    a bool, else a value of the field's type (int, float or str) defaulting to the field's.
+    ``groups`` maps a heading to the fields listed under it in ``--help`` (the others
+    come under "options"); ``choices`` gives the values a field accepts."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     docs = _field_docs(cls)
-    for f in dataclasses.fields(cls):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    choices = dict(choices or {})
+    for name in [*choices, *(n for names in (groups or {}).values() for n in names)]:
+        if name not in fields:
+            raise ValueError(f"{cls.__name__} has no field {name!r}; its fields: {', '.join(fields)}")
+    homes = {}
+    for title, names in (groups or {}).items():
+        group = parser.add_argument_group(title)
+        homes.update(dict.fromkeys(names, group))
+    for f in fields.values():
         flag = "--" + f.name.replace("_", "-")
+        home = homes.get(f.name, parser)
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=docs[f.name])
+            home.add_argument(flag, action="store_true", help=docs[f.name])
+        elif f.name in choices:
+            home.add_argument(flag, choices=choices[f.name], default=f.default, help=f"{docs[f.name]} [{f.default}]")
         else:
             kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=f.default, help=f"{docs[f.name]} (default: {f.default})")
+            metavar = str(f.default) if f.default != "" else f.name.upper()
+            home.add_argument(flag, type=kind, default=f.default, metavar=metavar, help=docs[f.name])
     return parser
+
+
+def explicit_options(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
+    """The fields the command line sets (``argv`` as for ``parse_args``), defaults not counted."""
+    unset = object()
+    namespace = argparse.Namespace(**{a.dest: unset for a in parser._actions if a.dest != "help"})
+    parsed = parser.parse_args(argv, namespace=namespace)  # argparse fills in defaults only where unset
+    return {name for name, value in vars(parsed).items() if value is not unset}
 
 
 def _field_docs(cls: type) -> dict[str, str]:

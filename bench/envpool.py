@@ -1,7 +1,7 @@
 """Atari environment throughput: the shmpad pool side by side with its peers and the ceiling.
 
     python -m bench.envpool                   # 3 rounds of 6 s per subject, ~3 minutes on 2 cores
-    python -m bench.envpool --quick           # 1 round of 2 s: a smoke run
+    python -m bench.envpool --quick           # one short round (1 s per subject): a smoke run
     python -m bench.envpool --json            # one JSON object per subject and line
     python -m bench.envpool --subjects ceiling,shmpad-random --rounds 5
 
@@ -36,8 +36,6 @@ are medians of per-round ratios. Only ratios within one run count.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -48,7 +46,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.cli import parser_for
 from bench.harness import MeasurementFailed, MeasurementSkipped, in_own_tree
+from bench.report import exit_status, fmt_ratio, verdict
+
+TARGETS = (("ceiling", 0.90), ("gym-async", 2.0), ("ale-vector", 1.0))
+"""shmpad-random's frames/s at least this many times each peer's"""
 
 SUBJECTS = ("ceiling", "gym-async", "envpool", "ale-vector", "shmpad-random", "shmpad-impala-cpu")
 
@@ -76,20 +79,14 @@ class Args:
     json: bool = False
     """Print one JSON object per subject and line instead of tables."""
     quick: bool = False
-    """One round of 2 s after 0.5 s of warm-up."""
+    """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 1 s after 0.5 s of warm-up (overrides --rounds, --seconds, --warmup)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    parser = argparse.ArgumentParser(prog="python -m bench.envpool", description=Args.__doc__)
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true")
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
+    parser = parser_for(Args, prog="python -m bench.envpool", description=__doc__.split("\n\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
     if args.quick:
-        args.rounds, args.seconds, args.warmup = 1, 2.0, 0.5
+        args.rounds, args.seconds, args.warmup = 1, 1.0, 0.5
     if args.num_envs % (2 * args.cores):
         parser.error(f"--num-envs must be a multiple of 2 * cores ({2 * args.cores}), got {args.num_envs}")
     return args
@@ -382,7 +379,7 @@ def measure(subject: str, args: Args) -> tuple[float | None, dict | str]:
     return rate, details
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from shmpad.ringbuf import janitor
 
@@ -416,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
             this_round[s] = rate
             say(f"  round {r + 1}: {s:18s} {rate:10.0f} frames/s {info if info else ''}")
         per_round.append(this_round)
-    report(args, subjects, rates, details, notes, per_round)
+    return report(args, subjects, rates, details, notes, per_round)
 
 
 def _ratio(per_round: list[dict[str, float]], a: str, b: str) -> float | None:
@@ -424,7 +421,8 @@ def _ratio(per_round: list[dict[str, float]], a: str, b: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def report(args: Args, subjects, rates, details, notes, per_round) -> None:
+def report(args: Args, subjects, rates, details, notes, per_round) -> int:
+    """Print the table and the targets; the exit status (1 when a target was missed)."""
     peers = [p for p in ("ceiling", "gym-async", "envpool", "ale-vector") if p in subjects]
     rows = []
     for s in subjects:
@@ -445,10 +443,24 @@ def report(args: Args, subjects, rates, details, notes, per_round) -> None:
             row["note"] = notes[s].splitlines()[0]
         row["rounds"] = len(rates[s])
         rows.append(row)
+    target_lines = [
+        f"  {verdict(None if r is None else r >= want)}  shmpad-random / {peer}: {fmt_ratio(r)} (target >= {want:g}x)"
+        for peer, want in TARGETS
+        for r in [_ratio(per_round, "shmpad-random", peer)]
+    ]
+    out = sys.stderr if args.json else sys.stdout
     if args.json:
         for row in rows:
             print(json.dumps(row), flush=True)
-        return
+    else:
+        _print_table(rows, peers)
+    print("\nTargets: " + ", ".join(f"shmpad-random >= {want:g} x {peer}" for peer, want in TARGETS), file=out)
+    for line in target_lines:
+        print(line, file=out)
+    return exit_status(target_lines, [], out)
+
+
+def _print_table(rows: list[dict], peers: list[str]) -> None:
     print()
     head = f"{'subject':20s}{'frames/s':>12s}" + "".join(f"{'/' + p:>13s}" for p in peers)
     print(head)
@@ -461,8 +473,7 @@ def report(args: Args, subjects, rates, details, notes, per_round) -> None:
     for row in rows:
         if "where" in row:
             print(f"  {row['subject']}: {row['where']}")
-    print("\nTargets: shmpad-random >= 0.90 x ceiling, >= 2 x gym-async, >= 1.0 x ale-vector.")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,8 +2,8 @@
 
     python -m bench.impala                                  # a short Pong run (about 2 minutes on 2 cores)
     python -m bench.impala --env ALE/Breakout-v5 --total-frames 50_000_000 --model deep
-    python -m bench.impala --env CartPole-v1 --model mlp    # any gymnasium id
-    python -m bench.impala --resume                          # continue from --out's checkpoint
+    python -m bench.impala --env CartPole-v1                # any gymnasium id; classic control gets its own defaults
+    python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000   # continue that run
 
 The program, in shmpad's Launchpad API:
 
@@ -17,8 +17,9 @@ The program, in shmpad's Launchpad API:
 
 Every ``--log-interval`` seconds the learner prints one line: frames, frames/s, learner
 steps/s, the mean true return of the last 100 episodes, how full the trajectory ring is
-and the share of time the learner waited for data. ``--out`` gets ``log.csv``,
-``curve.png`` and ``checkpoint.pt``. For a full Atari run use ``--total-frames 50_000_000``
+and the share of time the learner waited for data. ``--out`` (default: a new
+``runs/<env>-<date>-<time>``) gets ``config.json``, ``log.csv``, ``curve.png`` and
+``checkpoint.pt``; a run never writes into another run's folder. For a full Atari run use ``--total-frames 50_000_000``
 (or more), ``--model deep``, ``--full-action-space`` and as many actors and workers
 as the machine has cores; ``--device cuda`` puts inference and the learner on a GPU.
 """
@@ -38,7 +39,8 @@ import torch
 
 import shmpad as lp
 from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
-from bench.cli import parser_for
+from bench import rundir
+from bench.cli import explicit_options, parser_for
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
@@ -50,7 +52,7 @@ class Args:
     env: str = "ALE/Pong-v5"
     """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
     model: str = "shallow"
-    """'shallow' (Nature CNN), 'deep' (IMPALA ResNet) or 'mlp' (vector observations)"""
+    """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
     use_lstm: bool = False
     """an LSTM core after the torso; each unroll carries the core state it started from"""
     total_frames: int = 200_000
@@ -66,7 +68,7 @@ class Args:
     envs_per_worker: int = 16
     """environments each worker steps"""
     optimizer: str = "adam"
-    """'adam' or 'rmsprop'"""
+    """the optimiser"""
     learning_rate: float = 6e-4
     """initial learning rate, decayed linearly to 0 over total_frames"""
     entropy_cost: float = 6e-4
@@ -80,25 +82,25 @@ class Args:
     grad_norm_clip: float = 40.0
     """clip the gradient norm (0: no clipping)"""
     reduction: str = "mean"
-    """loss reduction over time and batch: 'mean' (moolib) or 'sum' (torchbeast)"""
+    """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
     full_action_space: bool = False
     """Atari: all 18 actions instead of the game's minimal set"""
     queue_slots: int = 0
     """trajectory ring slots (0: 4 batches)"""
     device: str = "cpu"
-    """'cpu' or 'cuda': where inference and the learner run"""
+    """where inference and the learner run"""
     learner_threads: int = 1
     """torch threads of the learner (actors use 1)"""
     seed: int = 0
     """seeds every environment and the networks"""
-    out: str = "runs/impala"
-    """folder for log.csv, curve.png and checkpoint.pt"""
+    out: str = ""
+    """folder for config.json, log.csv, curve.png and checkpoint.pt; unset: a new runs/<env>-<date>-<time> (with --resume: the newest run of --env)"""
     log_interval: float = 5.0
     """seconds between progress lines"""
     checkpoint_minutes: float = 10.0
     """minutes between checkpoints (also written at the end)"""
     resume: bool = False
-    """continue from the checkpoint in --out, with its optimiser state"""
+    """continue the run in --out from its checkpoint, with its optimiser state (same env and model)"""
     launch_type: str = "local_mp"
     """shmpad launch type"""
     peers: str = ""
@@ -115,11 +117,86 @@ class Args:
     """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
 
 
-def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala") -> Args:
-    parser = parser_for(Args, prog, __doc__.split("\n\n")[0])
+HELP_GROUPS = {
+    "environment": ["env", "full_action_space", "seed"],
+    "model": ["model", "use_lstm"],
+    "learning": [
+        "total_frames",
+        "unroll_length",
+        "batch_size",
+        "optimizer",
+        "learning_rate",
+        "entropy_cost",
+        "baseline_cost",
+        "discount",
+        "reward_clip",
+        "grad_norm_clip",
+        "reduction",
+        "device",
+        "learner_threads",
+    ],
+    "actors": ["num_actors", "num_workers", "envs_per_worker", "queue_slots"],
+    "several hosts (python -m shmpad.net.broker on one of them)": [
+        "peers",
+        "group",
+        "peer_host",
+        "token_file",
+        "min_peers",
+        "virtual_batch_size",
+    ],
+    "output": ["out", "resume", "log_interval", "checkpoint_minutes", "launch_type"],
+}
+CHOICES = {
+    "model": ("shallow", "deep", "mlp"),
+    "optimizer": ("adam", "rmsprop"),
+    "reduction": ("mean", "sum"),
+    "device": ("cpu", "cuda"),
+    "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
+}
+EXAMPLES = """examples:
+  python -m bench.impala                                   a 200K-frame Pong smoke test (2-3 minutes on 2 cores)
+  python -m bench.impala --env CartPole-v1                 CartPole with its own defaults (750K frames, mlp)
+  python -m bench.impala --env ALE/Breakout-v5 --model deep --full-action-space --total-frames 50_000_000
+  python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000 --total-frames 1_000_000
+"""
+
+FAMILY_DEFAULTS = {
+    # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
+    "classic_control": dict(
+        model="mlp",
+        total_frames=750_000,
+        learning_rate=0.003,
+        discount=0.98,
+        entropy_cost=0.01,
+        batch_size=16,
+    ),
+}
+"""Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
+given on the command line win."""
+
+
+def env_family(env_id: str) -> str:
+    """'atari', 'classic_control' (gymnasium's CartPole, Acrobot, MountainCar...) or 'other'."""
+    import gymnasium
+
+    config = EnvConfig(env_id)  # registers the Atari ids; an unknown id raises ValueError here
+    if config.is_atari:
+        return "atari"
+    return "classic_control" if "classic_control" in str(gymnasium.spec(env_id).entry_point) else "other"
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", measuring: bool = False) -> Args:
+    """The job's settings; ``measuring`` (bench.impala_throughput) leaves --total-frames to the benchmark's own short run."""
+    parser = parser_for(Args, prog, __doc__.split("\n\n")[0], HELP_GROUPS, CHOICES, EXAMPLES)
     args = Args(**vars(parser.parse_args(argv)))
-    if args.model not in ("shallow", "deep", "mlp"):
-        parser.error(f"--model must be 'shallow', 'deep' or 'mlp', got {args.model!r}")
+    try:
+        family = env_family(args.env)
+    except ValueError as e:
+        raise UsageError(f"--env: {e}") from None
+    given = explicit_options(parser, argv)
+    if measuring:
+        given.add("total_frames")
+    args = dataclasses.replace(args, **{k: v for k, v in FAMILY_DEFAULTS.get(family, {}).items() if k not in given})
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
     if args.min_peers < 1:
@@ -130,7 +207,16 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
             load_token(token_file=args.token_file or None)
         except (ValueError, lp.ShmpadError) as e:
             parser.error(f"--peers {args.peers}: {e}")
+    if not args.out:
+        found = rundir.latest_run(args.env) if args.resume else None
+        if args.resume and found is None:
+            raise UsageError(f"--resume: no run of {args.env} under {rundir.RUNS}/ holds a checkpoint; give --out DIR")
+        args = dataclasses.replace(args, out=found or rundir.default_out(args.env))
     return args
+
+
+class UsageError(Exception):
+    """A mistake found before launch; main prints its one-line message and exits with status 2."""
 
 
 def env_config(args: Args) -> EnvConfig:
@@ -243,8 +329,7 @@ CSV_COLUMNS = [
 
 def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
     torch.set_num_threads(args.learner_threads)
-    os.makedirs(args.out, exist_ok=True)
-    checkpoint = os.path.join(args.out, "checkpoint.pt")
+    checkpoint = os.path.join(args.out, rundir.CHECKPOINT)
     learner = Learner(
         build_model(args, obs_shape, num_actions),
         trajectories,
@@ -256,7 +341,6 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     if args.resume and os.path.exists(checkpoint):
         learner.load(checkpoint)
         seconds_before = _last_seconds(os.path.join(args.out, "log.csv"))
-        print(f"resumed from {checkpoint} at {learner.frames} frames", flush=True)
     if args.peers:
         token = load_token(token_file=args.token_file or None)
         learner.join_group(
@@ -297,10 +381,13 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     if learner.accumulator is not None:
         learner.accumulator.close()
     _plot(log_path, os.path.join(args.out, "curve.png"), args.env)
-    print(
-        f"done: {learner.frames} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}",
-        flush=True,
-    )
+    if learner.frames >= args.total_frames:
+        print(
+            f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}",
+            flush=True,
+        )
+    else:
+        print(f"stopped at {learner.frames:,} frames; saved {checkpoint}", flush=True)
     lp.stop()
 
 
@@ -330,9 +417,21 @@ def _line(row: dict) -> str:
     ret = "-" if row["mean_return"] == "" else f"{row['mean_return']:.2f}"
     return (
         f"frames {row['frames']:>10,}  fps {row['fps']:>8,.0f}  learner steps/s {row['steps_per_s']:6.2f}  "
-        f"return(100) {ret:>7}  episodes {row['episodes']:>6}  queue {row['queue_fill']:4.0%}  "
-        f"waiting {row['wait_fraction']:4.0%}" + (f"  group {row['group_size']}" if row["group_size"] != 1 else "")
+        f"return(100) {ret:>7}  episodes {row['episodes']:>6}  {_bound(row['queue_fill'], row['wait_fraction'])}"
+        + (f"  group {row['group_size']}" if row["group_size"] != 1 else "")
     )
+
+
+def _bound(queue_fill: float, wait_fraction: float) -> str:
+    """Which role limits the run, in words: a learner that waits for unrolls has too few
+    actors behind it; a full trajectory ring means the actors wait for the learner."""
+    if wait_fraction >= 0.2:
+        role = "actor-bound"
+    elif queue_fill >= 0.5:
+        role = "learner-bound"
+    else:
+        role = "balanced"
+    return f"{role}: queue {queue_fill:4.0%} full, learner waits {wait_fraction:4.0%}"
 
 
 def _last_seconds(log_path: str) -> float:
@@ -398,18 +497,81 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
     return program, stats
 
 
+IDENTITY = ("env", "model", "use_lstm", "full_action_space")
+"""the settings a checkpoint depends on: --resume refuses a run that differs in one"""
+
+
+def prepare_run(args: Args) -> int | None:
+    """Check ``--out`` (and with ``--resume`` its checkpoint) before anything is launched,
+    then write ``config.json``. Returns the frames of the checkpoint resumed, if any."""
+    config = dataclasses.asdict(args)
+    rundir.check(args.out, config, args.resume, IDENTITY)
+    frames = None
+    if args.resume:
+        spec = env_config(args).spec()
+        model = build_model(args, spec.obs_shape, spec.num_actions)
+        frames = rundir.check_checkpoint(args.out, model, f"--env {args.env} --model {args.model}")
+    rundir.write_config(args.out, config)
+    return frames
+
+
+def summary(args: Args) -> str:
+    core = "+lstm" if args.use_lstm else ""
+    return (
+        f"IMPALA on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
+        f"{args.num_actors} actor(s) x {args.num_workers} workers x {args.envs_per_worker} envs, {args.device}, "
+        f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})"
+    )
+
+
+def advice(args: Args) -> str | None:
+    """What to try after a run that ended at its target, for the env family trained."""
+    family = env_family(args.env)
+    if family == "atari" and args.total_frames < 10_000_000:
+        return (
+            f"That was a smoke test ({args.total_frames:,} frames), not training: Atari games need 10M-50M frames. "
+            "For a full run: --total-frames 50_000_000 --model deep --full-action-space, --num-actors/--num-workers "
+            "to fill the machine's cores, and --device cuda if there is a GPU."
+        )
+    target = FAMILY_DEFAULTS.get(family, {}).get("total_frames")
+    if target is not None and args.total_frames < target:
+        return f"A short run: {args.env} usually needs about {target:,} frames with these settings (the default)."
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    print(f"IMPALA on {args.env}: {dataclasses.asdict(args)}", flush=True)
-    program, _ = build_program(args)
-    manager = lp.launch(program, launch_type=args.launch_type)
-    manager.wait()
-    if args.total_frames < 10_000_000:
+    try:
+        args = parse_args(argv)
+        frames = prepare_run(args)
+    except (UsageError, rundir.RunDirError) as e:
+        print(f"python -m bench.impala: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if frames is not None and frames >= args.total_frames:
         print(
-            "This was a short run. For a full one: --total-frames 50_000_000 --model deep --full-action-space, "
-            "--num-actors/--num-workers to fill the machine's cores, and --device cuda if there is a GPU.",
+            f"{args.out} is already at {frames:,} frames (--total-frames {args.total_frames:,}): "
+            "raise --total-frames to train on",
             flush=True,
         )
+        return 0
+    print(summary(args), flush=True)
+    if frames is not None:
+        print(f"resuming {args.out} at {frames:,} frames", flush=True)
+    try:
+        program, _ = build_program(args)
+        manager = lp.launch(program, launch_type=args.launch_type)
+        manager.wait()
+    finally:
+        rundir.remove_temp_files(args.out)  # a learner killed mid-save (a second Ctrl+C) leaves one
+    frames = rundir.checkpoint_frames(args.out)
+    if frames is None or frames < args.total_frames:
+        if frames is None:
+            print("interrupted before the first checkpoint; nothing to resume", flush=True)
+        else:
+            print(f"interrupted at {frames:,} frames; continue with --resume --out {args.out}", flush=True)
+        return 130
+    tip = advice(args)
+    if tip:
+        print(tip, flush=True)
     return 0
 
 

@@ -1,4 +1,11 @@
-"""How the benchmarks print their numbers: rates, ratios and target verdicts."""
+"""How the benchmarks print their numbers: rates, ratios and target verdicts.
+
+A target is what shmpad aims for on a machine like the one measured (``shmpad >= 1.5x
+gloo``); a benchmark prints PASS or FAIL for each and exits with status 1 when one was
+missed or a measurement failed, so a script can tell. ``--quick`` is the same in every
+benchmark: one short round of every measurement, to see that it runs (its numbers are
+noisy, and its verdicts mean little).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-__all__ = ["finish", "fmt_rate", "fmt_ratio", "print_failures", "verdict"]
+__all__ = ["exit_status", "finish", "fmt_rate", "fmt_ratio", "fmt_seconds", "print_failures", "verdict"]
 
 
 def fmt_rate(x: float | None) -> str:
@@ -32,6 +39,19 @@ def print_failures(failures: list[str], file) -> None:
             print(f"  {f}", file=file)
 
 
+def fmt_seconds(x: float) -> str:
+    """A duration for a summary line: ``0.4 s``, ``12 s``."""
+    return f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
+
+
+def exit_status(target_lines: list[str], failures: list[str], file) -> int:
+    """1 when a target line says FAIL or a measurement failed (saying how many), else 0."""
+    missed = sum(1 for line in target_lines if line.lstrip().startswith("FAIL"))
+    if missed:
+        print(f"\n{missed} target(s) missed: exit status 1", file=file)
+    return 1 if missed or failures else 0
+
+
 def verdict(passed: bool | None) -> str:
     """PASS or FAIL for a target, ``n/a `` (as wide) when nothing was measured."""
     return "n/a " if passed is None else ("PASS" if passed else "FAIL")
@@ -42,13 +62,14 @@ def finish(
 ) -> int:
     """A benchmark's last words: its notes, its targets with a verdict line each, the
     measurements that failed, the time it took; returns its exit status (1 when a
-    measurement failed)."""
+    target was missed or a measurement failed)."""
     print(file=out)
     for note in notes:
         print(f"Note: {note}", file=out)
     print(f"Targets: {targets}", file=out)
+    verdicts = list(verdicts)
     for line in verdicts:
         print(line, file=out)
     print_failures(failures, file=out)
-    print(f"\ntotal {time.monotonic() - started:.0f} s", file=sys.stderr)
-    return 1 if failures else 0
+    print(f"\ntotal {fmt_seconds(time.monotonic() - started)}", file=sys.stderr)
+    return exit_status(verdicts, failures, out)

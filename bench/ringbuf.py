@@ -92,7 +92,7 @@ class Args:
     ring_stats: bool = False
     """after each shmpad measurement, print its rings' statistics() to stderr"""
     quick: bool = False
-    """a tiny run for tests: 1 round, 0.1 s, 64 B and 64 KiB (overrides --rounds, --seconds, --sizes)"""
+    """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.1 s, 64 B and 64 KiB (overrides --rounds, --seconds, --sizes)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

@@ -89,7 +89,7 @@ class Args:
     json: bool = False
     """print one JSON object per subject and mode and line instead of tables"""
     quick: bool = False
-    """a run under 30 s: 1 round, 0.2 s per measurement (overrides --rounds, --seconds, --warmup)"""
+    """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.2 s (overrides --rounds, --seconds, --warmup)"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from test_impala import run_bench
+from test_impala import run_bench_status
 
 TINY = (
     "--env",
@@ -28,8 +28,11 @@ TINY = (
 
 @pytest.mark.slow
 def test_report_throughput_prints_both_measurements_and_the_targets():
-    text = run_bench(*TINY, timeout=400, module="bench.impala_throughput")
+    status, text = run_bench_status(*TINY, timeout=400, module="bench.impala_throughput")
     lines = text.splitlines()
+    assert status == (1 if any(line.startswith("FAIL ") for line in lines) else 0), text[
+        -3000:
+    ]  # a missed target fails
     assert lines[0].startswith("# bench.impala_throughput")
     assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 3
     assert (

@@ -502,3 +502,30 @@ def test_an_idle_program_does_not_burn_cpu():
         assert used / (time.monotonic() - t0) < 0.10, f"idle nodes used {used:.2f} s of CPU in 2 s"
     finally:
         manager.stop_and_wait()
+
+
+def report_pid_until_stop(results):
+    results.put(str(os.getpid()).encode())
+    lp.wait_for_stop()
+
+
+def test_each_node_process_is_titled_with_its_label():
+    program = lp.Program("titles")
+    results = program.add_node(lp.RingNode(8, slot_size=64), "results")
+    with program.group("learner"):
+        program.add_node(lp.PyNode(report_pid_until_stop, results))
+    with program.group("actor"):
+        for _ in range(2):
+            program.add_node(lp.PyNode(report_pid_until_stop, results))
+    manager = lp.launch(program, launch_type="test_mp")
+    try:
+        pids = [int(results.dereference().get_bytes(timeout=30)) for _ in range(3)]
+        titles = []
+        for pid in pids:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                titles.append(f.read().rstrip(b"\0").decode())
+            with open(f"/proc/{pid}/comm") as f:
+                assert f.read().strip() == titles[-1][:15]  # what top shows
+    finally:
+        manager.stop_and_wait()
+    assert sorted(titles) == ["shmpad: actor/0", "shmpad: actor/1", "shmpad: learner/0"]

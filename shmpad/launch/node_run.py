@@ -22,6 +22,7 @@ from shmpad.errors import Closed
 from shmpad.launch import context
 from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
+from shmpad.launch.title import set_node_title
 from shmpad.nodes.base import Node
 from shmpad.ringbuf import janitor
 
@@ -128,6 +129,7 @@ def start_process(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w
 
 
 def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: int) -> Callable[[], None]:
+    """What a forked node process runs: its context, title, stop watcher and flags, then the node."""
 
     def body() -> None:
         stopper = context.StopController(request_fd=req_w)
@@ -135,24 +137,7 @@ def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: 
         ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index)
         ctx.extra.update(stop_fd=stop_r, request_fd=req_w)
         context.set_process_context(ctx)
-        signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())
-        stopper.watch(stop_r)
-        if w.resources is not None:
-            os.environ.update({k: str(v) for k, v in w.resources.env.items()})
-            sys.argv[1:] = w.resources.argv()
-        w.node.run()
-
-    return body
-
-
-def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: int) -> Callable[[], None]:
-
-    def body() -> None:
-        stopper = context.StopController(request_fd=req_w)
-        context.set_thread_context(None)
-        ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index)
-        ctx.extra.update(stop_fd=stop_r, request_fd=req_w)
-        context.set_process_context(ctx)
+        set_node_title(w.label, w.index)
         signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())
         stopper.watch(stop_r)
         if w.resources is not None:

@@ -1,0 +1,14 @@
+"""A node process's title: ``shmpad: learner/0`` in ps and top, where every forked node
+would otherwise show the launcher's own command line (``python -m bench.impala ...``)."""
+
+from __future__ import annotations
+
+import setproctitle
+
+__all__ = ["set_node_title"]
+
+
+def set_node_title(label: str, index: int) -> None:
+    """Rewrite this process's command line (``/proc/self/cmdline``, what ps shows) and
+    its 15-character thread name (``comm``, what top shows) to name the node."""
+    setproctitle.setproctitle(f"shmpad: {label}/{index}")

@@ -1,0 +1,139 @@
+"""bench.impala as a new user meets it: a grouped --help, mistakes caught before launch in
+one line (exit status 2), defaults that fit the env, run folders that are never
+overwritten, a resume that checks what it resumes, and Ctrl+C that says where it stopped."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import kill_and_reap, track_pid
+
+from bench import impala
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--num-workers", "1", "--envs-per-worker", "4", "--log-interval", "1", "--launch-type", "test_mp"]
+
+
+def bench(*args: str, timeout: float = 120) -> tuple[int, str, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.impala", *args],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    track_pid(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        kill_and_reap(proc)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_help_groups_the_options_with_choices_and_examples():
+    rc, out, _ = bench("--help")
+    assert rc == 0
+    for heading in ("environment:", "model:", "learning:", "actors:", "several hosts", "output:", "examples:"):
+        assert f"\n{heading}" in out, heading
+    assert "--model {shallow,deep,mlp}" in out and "--optimizer {adam,rmsprop}" in out
+    assert "--reduction {mean,sum}" in out and "--device {cpu,cuda}" in out
+    assert "(default:" not in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--out", "/proc/impala"], "--out /proc/impala: cannot write there"),
+        (["--env", "Pong-v5"], "unknown environment id 'Pong-v5'; did you mean"),
+        (["--resume", "--out", "/nonexistent/run"], "--resume: there is no run in /nonexistent/run"),
+        (["--model", "big"], "invalid choice: 'big'"),
+    ],
+)
+def test_mistakes_are_caught_before_launch_in_one_line(args, message):
+    rc, out, err = bench(*args)
+    assert rc == 2 and message in err, err
+    assert "Traceback" not in err + out
+    if "invalid choice" not in message:  # argparse's own errors come with the usage
+        assert err.count("\n") == 1, err
+
+
+def test_classic_control_gets_its_own_defaults_unless_given():
+    cartpole = impala.parse_args(["--env", "CartPole-v1", "--learning-rate", "0.01"])
+    assert (cartpole.model, cartpole.total_frames, cartpole.discount) == ("mlp", 750_000, 0.98)
+    assert cartpole.learning_rate == 0.01  # given on the command line: kept
+    pong = impala.parse_args([])
+    assert (pong.model, pong.total_frames, pong.learning_rate) == ("shallow", 200_000, 6e-4)
+
+
+def test_the_default_out_is_a_new_folder_per_env_and_start():
+    assert impala.parse_args(["--env", "CartPole-v1"]).out.startswith(os.path.join("runs", "cartpole-v1-20"))
+    assert impala.parse_args([]).out.startswith(os.path.join("runs", "ale-pong-v5-20"))
+
+
+def test_the_progress_line_names_the_role_that_bounds_the_run():
+    assert impala._bound(0.76, 0.0).startswith("learner-bound: queue  76% full, learner waits   0%")
+    assert impala._bound(0.02, 0.4).startswith("actor-bound")
+    assert impala._bound(0.2, 0.05).startswith("balanced")
+
+
+def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp_path):
+    out = str(tmp_path / "run")
+    rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out)
+    assert rc == 0, err
+    assert text.startswith(
+        f"IMPALA on CartPole-v1: model mlp, 2,000 frames, 1 actor(s) x 1 workers x 4 envs, cpu, out {out}"
+    )
+    assert os.path.exists(os.path.join(out, "config.json"))
+    rc, _, err = bench("--env", "ALE/Pong-v5", *SMALL, "--out", out)
+    assert rc == 2 and f"--out {out} already holds a run of 'CartPole-v1'; continue it with --resume" in err
+    rc, _, err = bench("--env", "Acrobot-v1", *SMALL, "--out", out, "--resume")
+    assert rc == 2 and "is a run of env 'CartPole-v1'; this command asks for env 'Acrobot-v1'" in err
+    rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out, "--resume")
+    assert rc == 0 and "raise --total-frames" in text and "wrote" not in text, text + err
+    os.remove(os.path.join(out, "config.json"))  # a run from before config.json: the checkpoint itself is checked
+    rc, _, err = bench("--env", "Acrobot-v1", *SMALL, "--out", out, "--resume")
+    assert rc == 2 and "checkpoint.pt holds another network than --env Acrobot-v1 --model mlp builds" in err
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_ctrl_c_says_where_it_stopped_and_exits_130(tmp_path, interrupts):
+    out = str(tmp_path / "run")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.impala",
+            "--env",
+            "CartPole-v1",
+            *SMALL[:-2],
+            "--out",
+            out,
+            "--checkpoint-minutes",
+            "0.001",
+        ],  # a checkpoint every step: the kill may well come mid-save
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    track_pid(proc.pid)
+    try:
+        for line in proc.stdout:
+            if b"[learner/0] frames" in line:
+                break
+        for _ in range(interrupts):
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl+C does
+        rest = proc.stdout.read().decode()
+        assert proc.wait(timeout=60) == 130, rest
+    finally:
+        kill_and_reap(proc)
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("interrupted at ") and last.endswith(f"frames; continue with --resume --out {out}"), rest
+    assert "done" not in rest and "short run" not in rest
+    assert glob.glob(os.path.join(out, "checkpoint.pt.tmp.*")) == []

@@ -1,0 +1,53 @@
+"""Every ```python block of README.md runs as written, each in its own interpreter, so the
+examples a user copies first cannot rot."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import track_pid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK_TIMEOUT_S = 120
+
+
+def python_blocks() -> list[tuple[int, str]]:
+    """(line number, source) of every ```python block of the README."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    return [
+        (text.count("\n", 0, m.start()) + 1, m.group(1))
+        for m in re.finditer(r"^```python\n(.*?)^```$", text, flags=re.DOTALL | re.MULTILINE)
+    ]
+
+
+def test_the_readme_has_python_blocks():
+    assert len(python_blocks()) >= 5
+
+
+@pytest.mark.parametrize("line, source", python_blocks(), ids=[f"line{n}" for n, _ in python_blocks()])
+def test_readme_block_runs(line, source):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", source],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    track_pid(proc.pid)
+    try:
+        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(
+            f"README block at line {line} did not finish in {BLOCK_TIMEOUT_S} s:\n{out.decode()[-3000:]}"
+        ) from None
+    assert proc.returncode == 0, f"README block at line {line} failed:\n{out.decode()[-3000:]}"
