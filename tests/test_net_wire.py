@@ -13,6 +13,7 @@ import pickle
 import queue
 import socket
 import threading
+import time
 
 import pytest
 from helpers import wait_until
@@ -248,6 +249,7 @@ def test_idle_sockets_from_one_address_cannot_lock_others_out(listener, logs, mo
     """With a per-address cap below the global one, one host's silent sockets take only
     their share of the handshake slots: a client from another address still connects."""
     monkeypatch.setattr(auth, "MAX_HANDSHAKES", 4)
+    monkeypatch.setattr(auth, "EVICT_AFTER_S", 60.0)  # refusal, not eviction, is tested here
     idle = []
     with auth.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=2) as lst:
         try:
@@ -275,6 +277,7 @@ def test_idle_sockets_from_one_address_cannot_lock_others_out(listener, logs, mo
 def test_a_silent_client_frees_its_slot_after_the_server_deadline(listener, logs, monkeypatch):
     assert auth.SERVER_HANDSHAKE_TIMEOUT_S <= 5.0 < auth.HANDSHAKE_TIMEOUT_S
     monkeypatch.setattr(auth, "SERVER_HANDSHAKE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(auth, "EVICT_AFTER_S", 60.0)  # the deadline, not eviction, frees the slot here
     with auth.Listener(listener._handler, token=TOKEN, max_handshakes_per_ip=1) as lst:
         with _idle_socket(lst.address, "127.0.0.2") as sock:
             assert not _was_refused(sock)
@@ -463,3 +466,45 @@ def test_pickle_frames_carry_an_integrity_tag_checked_before_decoding():
                 c.sendall(raw)
                 with pytest.raises(wire.FrameError, match="failed its integrity check"):
                     receiver.recv()
+
+
+def test_sockets_trickling_bytes_cannot_keep_members_out(listener):
+    """Slowloris from the members' own address: 40 sockets each trickle a byte of the
+    hello every 0.5 s (the attack stops by itself after 8 s). A member connecting
+    meanwhile gets in at once: a handshake pending for EVICT_AFTER_S is evicted to make
+    room, and an honest one takes milliseconds."""
+    host, port = listener.address.rsplit(":", 1)
+    stop = threading.Event()
+    attackers: list[socket.socket] = []
+
+    def trickle() -> None:
+        deadline = time.monotonic() + 8.0
+        while not stop.is_set() and time.monotonic() < deadline:
+            for sock in list(attackers):
+                try:
+                    sock.send(b"S")
+                except OSError:
+                    attackers.remove(sock)  # evicted
+            stop.wait(0.5)
+
+    for _ in range(40):
+        try:
+            attackers.append(socket.create_connection((host, int(port)), timeout=5))
+        except OSError:
+            pass
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        stop.wait(auth.EVICT_AFTER_S + 0.2)  # the attack established: its sockets are past the eviction age
+        for i in range(5):
+            stop.wait(0.3)
+            started = time.monotonic()
+            with auth.connect(listener.address, TOKEN, timeout=5) as conn:
+                conn.send_json({"member": i})
+                assert conn.recv_json() == {"echo": {"member": i}}
+            assert time.monotonic() - started < 2.0
+    finally:
+        stop.set()
+        thread.join(10)
+        for sock in attackers:
+            sock.close()

@@ -21,6 +21,7 @@ host cannot lock everyone else out. A connection over either limit is reset unre
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -50,6 +51,7 @@ MAX_HANDSHAKES_PER_IP = 8
 """of those, from one source address (a listener's default)"""
 HANDSHAKE_TIMEOUT_S = 10.0  # the client's; a listener waits SERVER_HANDSHAKE_TIMEOUT_S
 SERVER_HANDSHAKE_TIMEOUT_S = 5.0
+EVICT_AFTER_S = 1.0  # a handshake still pending after this long may be ended to admit a newcomer
 
 TOKEN_ENV = "SHMPAD_TOKEN"
 
@@ -200,7 +202,11 @@ class Listener:
     that fails the handshake is logged and dropped without reaching it. Binds to
     loopback unless ``host`` says otherwise; ``port=0`` picks a free port
     (``address`` tells which). At most ``max_handshakes_per_ip`` handshakes from one
-    source address run at once (and ``MAX_HANDSHAKES`` in all); more are reset unread."""
+    source address run at once (and ``MAX_HANDSHAKES`` in all). A connection that comes
+    when they do evicts the oldest of them if that one has been at it for
+    ``EVICT_AFTER_S`` (an honest handshake takes milliseconds: a slow one is a
+    trickling socket), so sockets that trickle bytes cannot keep members out; otherwise
+    it is reset unread."""
 
     def __init__(
         self,
@@ -234,6 +240,7 @@ class Listener:
         self._closed = threading.Event()
         self._max_handshakes = MAX_HANDSHAKES
         self._handshakes: dict[str, int] = {}  # source address -> handshakes in progress; under _lock
+        self._pending: dict[socket.socket, tuple[str, float]] = {}  # handshaking socket -> (ip, start); under _lock
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
@@ -255,13 +262,14 @@ class Listener:
             ip = addr[0]
             peer = f"{ip}:{addr[1]}"
             with self._lock:
-                if sum(self._handshakes.values()) >= self._max_handshakes:
+                refusal = None
+                if sum(self._handshakes.values()) >= self._max_handshakes and not self._evict_oldest(None):
                     refusal = f"{self._max_handshakes} handshakes already in progress"
-                elif self._handshakes.get(ip, 0) >= self._max_per_ip:
+                elif self._handshakes.get(ip, 0) >= self._max_per_ip and not self._evict_oldest(ip):
                     refusal = f"{self._max_per_ip} handshakes from {ip} already in progress"
-                else:
-                    refusal = None
+                if refusal is None:
                     self._handshakes[ip] = self._handshakes.get(ip, 0) + 1
+                    self._pending[sock] = (ip, time.monotonic())
             if refusal is not None:
                 log.warning("refused %s: %s", peer, refusal)
                 # a reset, not a FIN: a client sees ConnectionResetError, which retrying clients retry
@@ -272,13 +280,30 @@ class Listener:
                 target=self._serve, args=(sock, ip, peer), name=f"{self._name}-{peer}", daemon=True
             ).start()
 
+    def _evict_oldest(self, ip: str | None) -> bool:
+        """Under ``_lock``: end the oldest handshake (from ``ip``, or from anyone) if it has
+        run ``EVICT_AFTER_S``, making room; False when none has."""
+        now = time.monotonic()
+        candidates = [(start, s) for s, (i, start) in self._pending.items() if ip is None or i == ip]
+        if not candidates:
+            return False
+        start, oldest = min(candidates, key=lambda c: c[0])
+        if now - start < EVICT_AFTER_S:
+            return False
+        evicted_ip, _ = self._pending.pop(oldest)
+        log.warning("evicted a handshake from %s after %.1f s to make room", evicted_ip, now - start)
+        with contextlib.suppress(OSError):
+            oldest.shutdown(socket.SHUT_RDWR)  # its handshake fails at once; its thread gives back the count
+        return True
+
     def _serve(self, sock: socket.socket, ip: str, peer: str) -> None:
         try:
             conn = accept(sock, peer, self._token, timeout=SERVER_HANDSHAKE_TIMEOUT_S, max_frame=self._max_frame)
-        except AuthError:
+        except (AuthError, OSError):
             return
         finally:
             with self._lock:
+                self._pending.pop(sock, None)
                 left = self._handshakes.pop(ip) - 1
                 if left:
                     self._handshakes[ip] = left
