@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, run_main
-from bench.report import finish, fmt_ratio, verdict
+from bench.report import at_least, finish, fmt_ratio, verdict
 from bench.subject import Subject, available, select
 
 TOKEN = "bench-allreduce"
@@ -376,7 +376,7 @@ def print_table(
     for peers in peer_counts:
         for size in sizes:
             r = ratio(results, peers, size)
-            target = verdict(None if r is None else r >= TARGET_RATIO) if size in TARGET_SIZES else ""
+            target = verdict(at_least(r, TARGET_RATIO)) if size in TARGET_SIZES else ""
             rates = "".join(f" {fmt_gbs(gb_per_s(size, results.get((n, peers, size)))):>12}" for n in names)
             print(f"  {peers:>5} {fmt_size(size):>7}{rates} {fmt_ratio(r):>12}  {target}")
 
@@ -388,7 +388,7 @@ def targets(results: dict, peer_counts: list[int], sizes: list[int]) -> list[str
             if size in TARGET_SIZES:
                 r = ratio(results, peers, size)
                 lines.append(
-                    f"  {verdict(None if r is None else r >= TARGET_RATIO)}  {peers} peers, {fmt_size(size)}: "
+                    f"  {verdict(at_least(r, TARGET_RATIO))}  {peers} peers, {fmt_size(size)}: "
                     f"shmpad/gloo {fmt_ratio(r)} (target >= {TARGET_RATIO:g}x)"
                 )
     return lines or ["  n/a   no target size (16 or 64 MB) was measured"]

@@ -48,7 +48,7 @@ import numpy as np
 
 from bench.cli import parser_for
 from bench.harness import MeasurementFailed, MeasurementSkipped, in_own_tree
-from bench.report import exit_status, fmt_ratio, verdict
+from bench.report import at_least, exit_status, fmt_ratio, verdict
 
 TARGETS = (("ceiling", 0.90), ("gym-async", 2.0), ("ale-vector", 1.0))
 """shmpad-random's frames/s at least this many times each peer's"""
@@ -444,7 +444,7 @@ def report(args: Args, subjects, rates, details, notes, per_round) -> int:
         row["rounds"] = len(rates[s])
         rows.append(row)
     target_lines = [
-        f"  {verdict(None if r is None else r >= want)}  shmpad-random / {peer}: {fmt_ratio(r)} (target >= {want:g}x)"
+        f"  {verdict(at_least(r, want))}  shmpad-random / {peer}: {fmt_ratio(r)} (target >= {want:g}x)"
         for peer, want in TARGETS
         for r in [_ratio(per_round, "shmpad-random", peer)]
     ]

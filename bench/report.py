@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterable
 
-__all__ = ["exit_status", "finish", "fmt_rate", "fmt_ratio", "fmt_seconds", "print_failures", "verdict"]
+__all__ = ["at_least", "exit_status", "finish", "fmt_rate", "fmt_ratio", "fmt_seconds", "print_failures", "verdict"]
 
 
 def fmt_rate(x: float | None) -> str:
@@ -73,3 +73,11 @@ def finish(
     print_failures(failures, file=out)
     print(f"\ntotal {fmt_seconds(time.monotonic() - started)}", file=sys.stderr)
     return exit_status(verdicts, failures, out)
+
+
+def at_least(value: float | None, bar: float, strictly: bool = False) -> bool | None:
+    """A target's outcome: ``value`` at least ``bar`` (above it, ``strictly``); None when
+    nothing was measured."""
+    if value is None:
+        return None
+    return value > bar if strictly else value >= bar

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing, run_main
 from bench.peers import PEERS
-from bench.report import finish, fmt_rate, fmt_ratio, verdict
+from bench.report import at_least, finish, fmt_rate, fmt_ratio, verdict
 from bench.ringbuf_plan import Plan, Subject, Tally
 from bench.ringbuf_subjects import SHMPAD, ShmpadSubject, copies, missing_ring, single_calls
 from bench.subject import available, select
@@ -294,7 +294,7 @@ def targets(results: Results, subjects, sizes, producer_counts) -> list[str]:
                             case,
                             f"{name} >= 2x the best peer ({best_peer})",
                             fmt_ratio(r),
-                            None if r is None else r >= 2,
+                            at_least(r, 2),
                         )
                 if size == 64:
                     for name, bar in ((single, 2e6), (batch, 20e6)):
@@ -304,27 +304,25 @@ def targets(results: Results, subjects, sizes, producer_counts) -> list[str]:
                                 case,
                                 f"{name} >= {fmt_rate(bar)} msgs/s",
                                 fmt_rate(rate),
-                                None if rate is None else rate >= bar,
+                                at_least(rate, bar),
                             )
             else:
                 if copying and ceiling:
                     r = results.ratio(copying, ceiling, size, producers)
                     shown = "-" if r is None else f"{r:.0%}"
-                    line(
-                        case, f"{copying} (copying reads) >= 80% of the ceiling", shown, None if r is None else r >= 0.8
-                    )
+                    line(case, f"{copying} (copying reads) >= 80% of the ceiling", shown, at_least(r, 0.8))
                 if copying and best_peer:
                     r = results.ratio(copying, peers, size, producers)
                     line(
                         case,
                         f"{copying} (copying reads) >= 1.2x the best peer ({best_peer})",
                         fmt_ratio(r),
-                        None if r is None else r >= 1.2,
+                        at_least(r, 1.2),
                     )
                 if zero and ceiling:
                     r = results.ratio(zero, ceiling, size, producers)
                     line(
-                        case, f"{zero} (zero-copy reads) above the ceiling", fmt_ratio(r), None if r is None else r > 1
+                        case, f"{zero} (zero-copy reads) above the ceiling", fmt_ratio(r), at_least(r, 1, strictly=True)
                     )
     if not lines:
         lines.append("  n/a   no shmpad subject was measured")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, nothing, run_main
-from bench.report import finish, fmt_rate, fmt_ratio, verdict
+from bench.report import at_least, finish, fmt_rate, fmt_ratio, verdict
 from bench.rpc_subjects import (
     FLOOR,
     PEERS,
@@ -340,7 +340,7 @@ def targets(results: Results, subjects, modes: list[str]) -> list[str]:
         line(
             f"shmpad {mode} calls/s >= {TARGET_RATIO:g}x the best peer's ({best or 'no peer measured'})",
             fmt_ratio(r),
-            None if r is None else r >= TARGET_RATIO,
+            at_least(r, TARGET_RATIO),
         )
     return lines
 

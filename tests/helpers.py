@@ -10,6 +10,7 @@ take it from ``unique_segment_name``, which follows the same pattern.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import selectors
@@ -109,6 +110,33 @@ def spawn_python(code: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
     track_pid(proc.pid)
     return proc
+
+
+def run_command(
+    argv: list[str], timeout: float, what: str, cwd: str | None = None, env: dict | None = None, split: bool = False
+) -> tuple[int, str, str]:
+    """Run ``argv`` to its end in a session of its own (its pid counts in the leak checks):
+    ``(exit status, stdout, stderr)``, stderr merged into stdout unless ``split``. Past
+    ``timeout`` its whole group is killed and the test fails naming ``what``."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if split else subprocess.STDOUT,
+    )
+    track_pid(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{what} did not finish in {timeout} s:\n{out.decode()[-3000:]}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left in its group
+    return proc.returncode, out.decode(), (err or b"").decode()
 
 
 def read_line(proc: subprocess.Popen, timeout: float = 30.0) -> str:

@@ -190,17 +190,27 @@ def ring_cls(request):
 def make_ring(ring_cls):
     """``make_ring(capacity=4, slot_size=8)``: a ring of the parametrized kind, closed (and
     so unlinked) when the test ends."""
+    with rings_made_by(lambda capacity=4, slot_size=8: ring_cls.create(capacity, slot_size)) as make:
+        yield make
+
+
+@contextlib.contextmanager
+def rings_made_by(create) -> Iterator:
+    """``create`` wrapped so that every ring it makes is released and closed (and so
+    unlinked) when the block ends."""
     made = []
 
-    def make(capacity: int = 4, slot_size: int = 8):
-        ring = ring_cls.create(capacity, slot_size)
+    def make(*args, **kwargs):
+        ring = create(*args, **kwargs)
         made.append(ring)
         return ring
 
-    yield make
-    for ring in made:
-        ring.release()
-        ring.close()
+    try:
+        yield make
+    finally:
+        for ring in made:
+            ring.release()
+            ring.close()
 
 
 def fill(ring) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import os
-import signal
 import subprocess
 import sys
 
@@ -14,10 +13,12 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-from helpers import kill_and_reap, track_pid
+from helpers import kill_and_reap, run_command, track_pid
 from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
 
 from learners import make_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_bench(*args: str, timeout: float, module: str = "bench.impala") -> str:
@@ -27,21 +28,8 @@ def run_bench(*args: str, timeout: float, module: str = "bench.impala") -> str:
 
 
 def run_bench_status(*args: str, timeout: float, module: str = "bench.impala") -> tuple[int, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    track_pid(proc.pid)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"bench.impala did not finish in {timeout} s:\n{out.decode()[-3000:]}") from None
-    return proc.returncode, out.decode()
+    status, out, _ = run_command([sys.executable, "-m", module, *args], timeout, module, cwd=ROOT)
+    return status, out
 
 
 def read_log(out_dir) -> list[dict]:
@@ -108,24 +96,10 @@ def test_cartpole_learns_through_the_full_stack(tmp_path):
 @pytest.mark.slow
 def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     out = tmp_path / "pong"
-    common = (
-        "--env",
-        "ALE/Pong-v5",
-        "--num-workers",
-        "2",
-        "--envs-per-worker",
-        "2",
-        "--batch-size",
-        "4",
-        "--unroll-length",
-        "10",
-        "--log-interval",
-        "1",
-        "--out",
-        str(out),
-        "--launch-type",
-        "test_mp",
-    )
+    common = [
+        *"--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 10".split(),
+        *f"--log-interval 1 --out {out} --launch-type test_mp".split(),
+    ]
     text = run_bench(*common, "--total-frames", "2400", timeout=300)
     assert "[learner/0] frames" in text and "fps" in text and "return(100)" in text and "queue" in text
     rows = read_log(out)

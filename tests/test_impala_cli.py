@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import kill_and_reap, track_pid
+from helpers import kill_and_reap, run_command, track_pid
 
 from bench import impala
 
@@ -20,19 +20,7 @@ SMALL = ["--num-workers", "1", "--envs-per-worker", "4", "--log-interval", "1", 
 
 
 def bench(*args: str, timeout: float = 120) -> tuple[int, str, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.impala", *args],
-        cwd=ROOT,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    track_pid(proc.pid)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        kill_and_reap(proc)
-    return proc.returncode, out.decode(), err.decode()
+    return run_command([sys.executable, "-m", "bench.impala", *args], timeout, "bench.impala", ROOT, split=True)
 
 
 def test_help_groups_the_options_with_choices_and_examples():

@@ -11,18 +11,7 @@ import pytest
 from test_impala import run_bench_status
 
 TINY = (
-    "--env",
-    "ALE/Pong-v5",
-    "--num-workers",
-    "2",
-    "--envs-per-worker",
-    "2",
-    "--batch-size",
-    "4",
-    "--unroll-length",
-    "5",
-    "--total-frames",
-    "3000",
+    "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 5 --total-frames 3000".split()
 )
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
-from helpers import track_pid
+from helpers import run_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_TIMEOUT_S = 120
@@ -33,21 +31,7 @@ def test_the_readme_has_python_blocks():
 @pytest.mark.parametrize("line, source", python_blocks(), ids=[f"line{n}" for n, _ in python_blocks()])
 def test_readme_block_runs(line, source):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", source],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    status, out, _ = run_command(
+        [sys.executable, "-c", source], BLOCK_TIMEOUT_S, f"README block at line {line}", ROOT, env
     )
-    track_pid(proc.pid)
-    try:
-        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(
-            f"README block at line {line} did not finish in {BLOCK_TIMEOUT_S} s:\n{out.decode()[-3000:]}"
-        ) from None
-    assert proc.returncode == 0, f"README block at line {line} failed:\n{out.decode()[-3000:]}"
+    assert status == 0, f"README block at line {line} failed:\n{out[-3000:]}"

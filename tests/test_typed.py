@@ -24,7 +24,7 @@ import torch
 from helpers import FORK, Forked
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ring_workers import forked_children
+from ring_workers import forked_children, rings_made_by
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, Segment, SPSCRing, TypedRing
@@ -54,17 +54,8 @@ def multi(request) -> bool:
 def make_ring(multi):
     """``make_ring(capacity=8, spec=SPEC)``: a typed ring of the parametrized kind, closed
     (and so unlinked) when the test ends."""
-    made = []
-
-    def make(capacity: int = 8, spec=SPEC) -> TypedRing:
-        ring = TypedRing.create(spec, capacity, multi=multi)
-        made.append(ring)
-        return ring
-
-    yield make
-    for ring in made:
-        ring.release()
-        ring.close()
+    with rings_made_by(lambda capacity=8, spec=SPEC: TypedRing.create(spec, capacity, multi=multi)) as make:
+        yield make
 
 
 # --- self-checking items ----------------------------------------------------------------------
