@@ -9,16 +9,25 @@ from shmpad.nodes.python import PyNode
 from shmpad.nodes.courier import CourierClient
 from shmpad.nodes.courier import CourierHandle
 from shmpad.nodes.courier import CourierNode
+from shmpad.nodes.courier import CourierServer
+from shmpad.nodes.address import AbstractAddressBuilder
+from shmpad.nodes.address import Address
+from shmpad.nodes.address import SimpleLocalAddressBuilder
+from shmpad.nodes.address import get_port_from_address
 from shmpad.rpc import TcpRpcClient
 from shmpad.rpc import TcpRpcServer
 from shmpad.nodes.data import RingNode
 from shmpad.nodes.data import WeightStoreNode
 from shmpad.colocation import MultiProcessingColocation
 from shmpad.colocation import MultiThreadingColocation
+from shmpad.launch.flags import LAUNCH_TYPE
 from shmpad.launch.launcher import LaunchType
+from shmpad.launch.launcher import is_local_launch
+from shmpad.launch.launcher import is_local_launch_or_test
 from shmpad.launch.launcher import PythonProcess
 from shmpad.launch.launcher import launch
 from shmpad.launch.supervisor import WorkerManager
+from shmpad.launch.stopping import make_program_stopper
 from shmpad.launch.stopping import register_stop_handler
 from shmpad.launch.stopping import stop
 from shmpad.launch.stopping import stop_event
@@ -49,7 +58,16 @@ from shmpad.ringbuf import WeightStoreStatistics
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbstractAddressBuilder",
     "Abandoned",
+    "Address",
+    "CourierServer",
+    "LAUNCH_TYPE",
+    "SimpleLocalAddressBuilder",
+    "get_port_from_address",
+    "is_local_launch",
+    "is_local_launch_or_test",
+    "make_program_stopper",
     "AuthError",
     "FrameError",
     "TcpRpcClient",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Iterator
+from typing import Any, Iterator
 
-from shmpad.nodes.base import Handle, Node
+from shmpad.nodes.base import Handle, Node, check_node
 
 __all__ = ["Program"]
 
@@ -27,11 +27,12 @@ class Program:
         """Label -> the nodes added under it, in order (the program's own dict)."""
         return self._groups
 
-    def add_node(self, node: Node, label: str | None = None) -> Handle:
+    def add_node(self, node: Any, label: str | None = None) -> Handle:
         """Add ``node`` under ``label`` (or under the current group's label) and return
-        a handle to it: pass the handle to other nodes to connect them."""
-        if not isinstance(node, Node):
-            raise TypeError(f"add_node() takes a shmpad node (PyNode, CourierNode, ...), got {type(node).__name__}")
+        a handle to it: pass the handle to other nodes to connect them. As in Launchpad,
+        a node added twice runs twice. ``node`` is a shmpad node or any object with
+        Launchpad's node methods ``create_handle()`` and ``run()``."""
+        check_node(node)
         if self._current_group:
             if label and label != self._current_group:
                 raise ValueError(f"The given label does not match the current group: {label} vs {self._current_group}.")
@@ -42,8 +43,6 @@ class Program:
             raise TypeError(f"label must be a str, got {type(label).__name__}")
         if "/" in label:
             raise ValueError(f"label must not contain '/', got {label!r}")
-        if any(node is n for n in self.get_all_nodes()):
-            raise ValueError(f"this {type(node).__name__} was already added to program {self.name!r}")
         self._groups.setdefault(label, []).append(node)
         return node.create_handle()
 

@@ -215,7 +215,7 @@ def test_bad_client_arguments():
         RpcClient(3)
     with pytest.raises(ValueError, match="call_timeout must be > 0 or None, got 0"):
         RpcClient("/x", call_timeout=0)
-    with pytest.raises(TypeError, match="call_timeout must be a number or None, got str"):
+    with pytest.raises(TypeError, match="call_timeout must be a number of seconds, a timedelta or None, got str"):
         RpcClient("/x", call_timeout="1")
     with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
         RpcServer(Service(), threads=0)

@@ -18,13 +18,15 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from shmpad._checks import check_timeout
+from shmpad.launch import flags
 from shmpad.launch.resources import PythonProcess
 from shmpad.launch.supervisor import WorkerManager
-from shmpad.nodes.base import Node
+from shmpad.nodes.address import bind_addresses
+from shmpad.nodes.base import Node, as_node
 from shmpad.program import Program
 from shmpad.ringbuf import janitor
 
-__all__ = ["LaunchType", "launch", "PythonProcess"]
+__all__ = ["LaunchType", "launch", "PythonProcess", "is_local_launch", "is_local_launch_or_test"]
 
 DEFAULT_TERMINATION_NOTICE_SECS = 10.0
 
@@ -39,20 +41,7 @@ class LaunchType(enum.Enum):
 _ALLOWED = [t.value for t in LaunchType]
 
 
-def _flag(name: str, argv: Sequence[str]) -> str | None:
-    """The value of ``--name=value`` or ``--name value`` in ``argv`` (the last one wins)."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg.startswith(f"--{name}="):
-            value = arg.split("=", 1)[1]
-        elif arg == f"--{name}" and i + 1 < len(argv):
-            value = argv[i + 1]
-    return value
-
-
-def _launch_type(launch_type: LaunchType | str | None) -> LaunchType:
-    if launch_type is None:
-        launch_type = _flag("lp_launch_type", sys.argv[1:]) or LaunchType.LOCAL_MULTI_PROCESSING.value
+def _as_launch_type(launch_type: LaunchType | str) -> LaunchType:
     if isinstance(launch_type, LaunchType):
         return launch_type
     if not isinstance(launch_type, str):
@@ -61,6 +50,30 @@ def _launch_type(launch_type: LaunchType | str | None) -> LaunchType:
         return LaunchType(launch_type)
     except ValueError:
         raise ValueError(f"unknown launch type {launch_type!r}: allowed: {_ALLOWED}") from None
+
+
+def is_local_launch(launch_type: LaunchType | str) -> bool:
+    """True for ``local_mt`` and ``local_mp`` (call it with ``LAUNCH_TYPE.value`` to ask
+    about ``--lp_launch_type``)."""
+    return _as_launch_type(launch_type) in (LaunchType.LOCAL_MULTI_THREADING, LaunchType.LOCAL_MULTI_PROCESSING)
+
+
+def is_local_launch_or_test(launch_type: LaunchType | str) -> bool:
+    """True for every launch type shmpad has (they all run on this machine)."""
+    _as_launch_type(launch_type)
+    return True
+
+
+def _flag(name: str, argv: Sequence[str]) -> str | None:
+    """The value of Launchpad's flag ``--name``: absl's when absl has it, else read from ``argv``."""
+    value = flags.absl_value(name)
+    return flags.argv_value(name, argv) if value is None else str(value)
+
+
+def _launch_type(launch_type: LaunchType | str | None) -> LaunchType:
+    if launch_type is None:
+        launch_type = _flag("lp_launch_type", sys.argv[1:]) or LaunchType.LOCAL_MULTI_PROCESSING.value
+    return _as_launch_type(launch_type)
 
 
 def _notice(termination_notice_secs: float | None) -> float:
@@ -78,6 +91,13 @@ def _notice(termination_notice_secs: float | None) -> float:
             raise ValueError(f"--lp_termination_notice_secs must be a finite number of seconds >= 0, got {raw!r}")
         return value
     return check_timeout(termination_notice_secs, "termination_notice_secs")
+
+
+def _adapted_groups(program: Program) -> dict[str, list[Node]]:
+    """The program's groups with each node as shmpad runs it (a node added twice stays
+    one object: it is allocated once and runs twice)."""
+    adapted: dict[int, Node] = {}
+    return {label: [adapted.setdefault(id(n), as_node(n)) for n in group] for label, group in program.groups.items()}
 
 
 def _all_nodes(nodes: list[Node]) -> list[Node]:
@@ -125,13 +145,15 @@ def launch(
     processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)
     if processes:
         janitor.start()  # before any fork, so that every node holds the janitor's pipe
-    nodes = _all_nodes(program.get_all_nodes())
+    groups = _adapted_groups(program)
+    nodes = _all_nodes(list({id(n): n for g in groups.values() for n in g}.values()))
+    bind_addresses(nodes)
     allocated: list[Node] = []
     try:
         for node in nodes:
             node.allocate()
             allocated.append(node)
-        for label, group in program.groups.items():
+        for label, group in groups.items():
             for node in group:
                 for handle in node.input_handles:
                     handle.connect(node, label)
@@ -141,7 +163,7 @@ def launch(
         raise
     manager = WorkerManager(program.name, kind.value, processes, notice)
     manager.track(nodes)
-    for label, group in program.groups.items():
+    for label, group in groups.items():
         for index, node in enumerate(group):
             if node.RUNS:
                 manager.add(label, index, node, resources.get(label))

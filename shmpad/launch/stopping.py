@@ -8,8 +8,16 @@ import threading
 from typing import Callable
 
 from shmpad.launch.context import current
+from shmpad.launch.launcher import LaunchType
 
-__all__ = ["stop", "wait_for_stop", "stop_event", "register_stop_handler", "unregister_stop_handler"]
+__all__ = [
+    "make_program_stopper",
+    "stop",
+    "wait_for_stop",
+    "stop_event",
+    "register_stop_handler",
+    "unregister_stop_handler",
+]
 
 
 def stop() -> None:
@@ -44,3 +52,15 @@ def register_stop_handler(handler: Callable[[], None]) -> None:
 def unregister_stop_handler(handler: Callable[[], None]) -> None:
     """Forget ``handler``; unknown handlers are ignored."""
     current("unregister_stop_handler").stopper.unregister(handler)
+
+
+def make_program_stopper(launch_type: LaunchType | str) -> Callable[[], None]:
+    """Launchpad's way to hand a node a stopper: a callable that stops the program it is
+    called in (``stop``), for any of shmpad's launch types."""
+    try:
+        LaunchType(launch_type)
+    except ValueError:
+        raise ValueError(
+            f"launch_type must be one of {[t.value for t in LaunchType]} or a LaunchType, got {launch_type!r}"
+        ) from None
+    return stop

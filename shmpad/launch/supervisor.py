@@ -59,6 +59,7 @@ class WorkerManager:
         self._cond = threading.Condition()
         self._failure: BaseException | None = None
         self._failed_worker: NodeRun | None = None
+        self._failure_raised = False
         self._stopping = False
         self._interrupts = 0
         self._kill_at: float | None = None
@@ -117,8 +118,7 @@ class WorkerManager:
         with self._cond:
             while True:
                 if raise_error and self._failure is not None and self._finished:
-                    self._failure_seen()
-                    raise self._failure
+                    self._raise_failure()
                 mine = [w for w in self._workers if wanted is None or w.label in wanted]
                 if self._finished:
                     return
@@ -148,11 +148,10 @@ class WorkerManager:
         return self._stopper.event
 
     def cleanup_after_test(self, test_case: Any = None) -> None:
-        """Stop, wait, then raise the first failure if there was one."""
+        """Stop, wait, then raise the first failure if there was one (and ``wait()`` did
+        not raise it already)."""
         self.stop_and_wait()
-        if self._failure is not None:
-            self._failure_seen()
-            raise self._failure
+        self._raise_failure()
 
     @property
     def failure(self) -> BaseException | None:
@@ -165,8 +164,14 @@ class WorkerManager:
     def pids(self) -> dict[str, int]:
         return {w.name: w.pid for w in self._workers if w.pid is not None}
 
-    def _failure_seen(self) -> None:
+    def _raise_failure(self) -> None:
+        """Raise the failure, if there is one that no caller got yet: a failure reaches
+        the user once (``wait()`` raised it: the test's cleanup and exit do not again)."""
+        if self._failure is None or self._failure_raised:
+            return
+        self._failure_raised = True
         atexit.unregister(self._wait_at_exit)  # the caller has it: exit need not report it
+        raise self._failure
 
     def _wait_at_exit(self) -> None:
         """Registered with atexit by the local launch types: the launcher's interpreter

@@ -7,6 +7,11 @@ import setproctitle
 
 __all__ = ["set_node_title"]
 
+# setproctitle finds the process's original command line on its first call, by matching
+# it against sys.argv: do that now, before a launcher parses or rewrites sys.argv (absl
+# apps do), or a forked node could not be titled later.
+setproctitle.getproctitle()
+
 
 def set_node_title(label: str, index: int) -> None:
     """Rewrite this process's command line (``/proc/self/cmdline``, what ps shows) and

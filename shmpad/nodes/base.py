@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-__all__ = ["Handle", "Node", "Dereferenced", "map_handles", "collect_handles"]
+__all__ = ["Handle", "Node", "Dereferenced", "map_handles", "collect_handles", "as_node", "check_node"]
 
 
 class Handle:
@@ -36,7 +36,19 @@ class Node:
     RUNS = True
 
     def __init__(self) -> None:
-        self._input_handles: list[Handle] = []
+        self._input_handles: list[Handle] = []  # handles this node uses
+        self._created_handles: list[Handle] = []  # handles made by create_handle
+        self.addresses: list = []  # shmpad.nodes.address.Address objects bound at launch
+
+    def _track_handle(self, handle: Handle) -> Handle:
+        """Remember ``handle`` as one of this node's (Launchpad's nodes call it in
+        ``create_handle``); returns it."""
+        self._created_handles.append(handle)
+        return handle
+
+    def allocate_address(self, address: Any) -> None:
+        """Make this node the owner of ``address`` (a ``shmpad.Address``), bound at launch."""
+        address.assign(self)
 
     @property
     def input_handles(self) -> list[Handle]:
@@ -60,6 +72,47 @@ class Node:
 
     def free(self) -> None:
         """The program has ended, or its launch failed half-way: remove this node's resources."""
+
+
+# What shmpad calls on a node that is not one of its own (Launchpad's node protocol)
+_PROTOCOL = ("create_handle", "run")
+
+
+def check_node(node: Any) -> None:
+    """``TypeError`` unless ``node`` is a shmpad node or has Launchpad's node methods."""
+    if isinstance(node, Node):
+        return
+    missing = [m for m in _PROTOCOL if not callable(getattr(node, m, None))]
+    if missing:
+        raise TypeError(
+            "add_node() takes a shmpad node (PyNode, CourierNode, ...) or an object with Launchpad's node methods "
+            f"create_handle() and run(); got {type(node).__name__}, which has no {', '.join(m + '()' for m in missing)}"
+        )
+
+
+class _ForeignNode(Node):
+    """A node that is not a shmpad ``Node`` but has ``create_handle()`` and ``run()``: the
+    launcher runs it through this, with the hooks it does not have doing nothing."""
+
+    def __init__(self, node: Any):
+        super().__init__()
+        self.node = node
+        self._input_handles = [h for h in getattr(node, "_input_handles", None) or () if isinstance(h, Handle)]
+        self.addresses = getattr(node, "addresses", None) or []
+
+    def create_handle(self) -> Any:
+        return self.node.create_handle()
+
+    def run(self) -> None:
+        self.node.run()
+
+    def __repr__(self) -> str:
+        return repr(self.node)
+
+
+def as_node(node: Any) -> Node:
+    """``node`` itself if it is a shmpad node, else what runs it (see ``check_node``)."""
+    return node if isinstance(node, Node) else _ForeignNode(node)
 
 
 def map_handles(fn: Callable[[Handle], Any], obj: Any) -> Any:

@@ -31,15 +31,24 @@ from typing import Any
 from shmpad.launch import context
 from shmpad.net.auth import load_token
 from shmpad.net.wire import parse_address
-from shmpad.nodes.base import Handle
+from shmpad.nodes.base import Handle, collect_handles
 from shmpad.nodes.python import PyClassNode
 from shmpad.ringbuf import MPMCRing
+from shmpad.rpc.calls import check_call_timeout
 from shmpad.rpc.shm_client import RpcClient
 from shmpad.rpc.shm_server import RpcServer, create_request_ring
 from shmpad.rpc.tcp_client import TcpRpcClient
 from shmpad.rpc.tcp_server import TcpRpcServer, reserve
 
-__all__ = ["CourierNode", "CourierHandle", "CourierClient", "Endpoint", "TRANSPORT_ENV", "host_identity"]
+__all__ = [
+    "CourierNode",
+    "CourierHandle",
+    "CourierClient",
+    "CourierServer",
+    "Endpoint",
+    "TRANSPORT_ENV",
+    "host_identity",
+]
 
 CourierClient = RpcClient
 
@@ -101,7 +110,7 @@ class CourierHandle(Handle):
             raise TypeError("CourierHandle takes a node or an endpoint (not both)")
         self._node = node
         self._endpoint = endpoint
-        self._client_kwargs = client_kwargs
+        self._client_kwargs = _client_options(client_kwargs)
 
     @classmethod
     def from_address(
@@ -123,10 +132,7 @@ class CourierHandle(Handle):
 
     def set_client_kwargs(self, **client_kwargs: Any) -> None:
         """Keyword arguments of the clients this handle makes (``call_timeout=``)."""
-        unknown = set(client_kwargs) - {"call_timeout"}
-        if unknown:
-            raise TypeError(f"unknown client option(s) {sorted(unknown)}: allowed: ['call_timeout']")
-        self._client_kwargs = client_kwargs
+        self._client_kwargs = _client_options(client_kwargs)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -170,6 +176,16 @@ class CourierHandle(Handle):
         )
 
 
+def _client_options(client_kwargs: dict) -> dict:
+    """Checked client options, ``call_timeout`` in seconds (it may come as a ``timedelta``)."""
+    unknown = set(client_kwargs) - {"call_timeout"}
+    if unknown:
+        raise TypeError(f"unknown client option(s) {sorted(unknown)}: allowed: ['call_timeout']")
+    if "call_timeout" in client_kwargs:
+        return {"call_timeout": check_call_timeout(client_kwargs["call_timeout"])}
+    return {}
+
+
 def _handle(endpoint: Endpoint, client_kwargs: dict) -> CourierHandle:
     return CourierHandle(endpoint=endpoint, **client_kwargs)
 
@@ -177,16 +193,26 @@ def _handle(endpoint: Endpoint, client_kwargs: dict) -> CourierHandle:
 class CourierNode(PyClassNode):
     """Serves every public method (and ``__call__``) of ``constructor(*args, **kwargs)``.
 
-    ``courier_kwargs``: ``thread_pool_size`` (16) calls run at once on each transport;
+    ``courier_client_kwargs``: options of the clients its handles make (``call_timeout``,
+    seconds or a ``timedelta``). ``courier_kwargs``: ``thread_pool_size`` (16) calls run at once on each transport;
     ``listen`` (``"HOST:PORT"``, or a port on 127.0.0.1; port 0 picks a free one;
     ``"0.0.0.0:PORT"`` to be reached from other hosts) serves over TCP too, with the
     token from ``token_file`` or ``$SHMPAD_TOKEN`` (read at launch). If the object has
     ``run()``, the server stops when ``run()`` returns; otherwise it serves until the
-    program stops.
+    program stops. An object with ``set_courier_server(server)`` gets the ``CourierServer``
+    instead and starts and stops it itself.
     """
 
-    def __init__(self, constructor: Callable[..., Any], *args: Any, courier_kwargs: dict | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        constructor: Callable[..., Any],
+        *args: Any,
+        courier_kwargs: dict | None = None,
+        courier_client_kwargs: dict | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(constructor, *args, **kwargs)
+        self._client_kwargs = _client_options(dict(courier_client_kwargs or {}))
         options = dict(courier_kwargs or {})
         threads = options.pop("thread_pool_size", 16)
         listen = options.pop("listen", None)
@@ -215,12 +241,10 @@ class CourierNode(PyClassNode):
         self.display_name = f"courier node {type(self).__name__}({getattr(constructor, '__qualname__', constructor)})"
 
     def create_handle(self) -> CourierHandle:
-        return CourierHandle(self)
+        return self._track_handle(CourierHandle(self, **self._client_kwargs))
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
         """Replace the constructor's arguments (handy for nodes that refer to each other)."""
-        from shmpad.nodes.base import collect_handles
-
         self._ctor_args = args
         self._ctor_kwargs = kwargs
         self._input_handles = collect_handles((args, kwargs))
@@ -276,21 +300,80 @@ class CourierNode(PyClassNode):
             self._serve(instance)
 
     def _serve(self, instance: Any) -> None:
-        server = RpcServer(instance, self.address, threads=self._threads)
-        tcp = None
-        if self._bind_address is not None:
-            tcp = TcpRpcServer(instance, self._bind_address, self._token, threads=self._threads)
+        server = CourierServer(instance, self.address, self._threads, self._bind_address, self._token)
+        runs = self._should_run and hasattr(instance, "run")
+        if hasattr(instance, "set_courier_server"):
+            # Launchpad's pattern: the instance owns the server and starts and stops it
+            # itself (in run()); calls made before Start() wait in the request ring
+            instance.set_courier_server(server)
+            try:
+                if runs:
+                    instance.run()
+                elif server.has_started:
+                    self._wait_for_stop(server)
+            finally:
+                server.close()  # what the instance left running does not outlive the node
+            return
+        server.Start()
         try:
-            if self._should_run and hasattr(instance, "run"):
+            if runs:
                 instance.run()
             else:
-                ctx = context.current_or_none()
-                if ctx is None:
-                    server.wait()
-                else:
-                    ctx.stopper.event.wait()
+                self._wait_for_stop(server)
         finally:
-            server.stop()
-            if tcp is not None:
-                tcp.close()
-            server.wait(_SERVER_JOIN_S)
+            server.close()
+
+    @staticmethod
+    def _wait_for_stop(server: CourierServer) -> None:
+        ctx = context.current_or_none()
+        if ctx is not None:
+            ctx.stopper.event.wait()
+        else:
+            server.Join()  # outside a launched program: serve until the request ring is closed
+
+
+class CourierServer:
+    """A courier node's server, with the surface of Launchpad's ``courier.Server`` that an
+    object given it by ``set_courier_server`` uses: ``Start``, ``Stop``, ``Join``,
+    ``has_started``. No call is served before ``Start()`` or after ``Stop()``; calls
+    made before ``Start()`` wait in the node's request ring."""
+
+    def __init__(self, instance: Any, ring: str, threads: int, bind_address: str | None, token: bytes | None):
+        self._instance = instance
+        self._ring = ring
+        self._threads = threads
+        self._bind_address = bind_address
+        self._token = token
+        self._shm: RpcServer | None = None
+        self._tcp: TcpRpcServer | None = None
+
+    @property
+    def has_started(self) -> bool:
+        return self._shm is not None
+
+    def Start(self) -> None:  # noqa: N802 - Launchpad's name
+        if self._shm is not None:
+            raise ValueError("Server already started")
+        self._shm = RpcServer(self._instance, self._ring, threads=self._threads)  # serves from here on
+        if self._bind_address is not None:
+            self._tcp = TcpRpcServer(self._instance, self._bind_address, self._token, threads=self._threads)
+
+    def Stop(self) -> None:  # noqa: N802 - Launchpad's name
+        if self._shm is None:
+            raise ValueError("Server not started yet")
+        self._shm.stop()
+        if self._tcp is not None:
+            self._tcp.close()
+
+    def Join(self) -> None:  # noqa: N802 - Launchpad's name
+        """Wait until the server has stopped and its running calls have returned."""
+        if self._shm is None:
+            raise ValueError("Server not started")
+        self._shm.wait()
+
+    def close(self) -> None:
+        """Stop the server if it runs and wait (a bounded time) for it to end."""
+        if self._shm is None:
+            return
+        self.Stop()
+        self._shm.wait(_SERVER_JOIN_S)

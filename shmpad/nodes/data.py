@@ -39,7 +39,7 @@ class _SegmentNode(Node):
         self._owner: Any = None
 
     def create_handle(self) -> Handle:
-        return _SegmentHandle(self)
+        return self._track_handle(_SegmentHandle(self))
 
     @property
     def segment_name(self) -> str:

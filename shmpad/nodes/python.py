@@ -34,7 +34,7 @@ class PyNode(Node):
         self._input_handles = collect_handles((args, kwargs))
 
     def create_handle(self) -> Handle:
-        return _PyNodeHandle()
+        return self._track_handle(_PyNodeHandle())
 
     @property
     def function(self) -> Callable[[], Any]:

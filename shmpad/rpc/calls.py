@@ -5,6 +5,7 @@ the deadline check and its error, and settling a future that may have been cance
 
 from __future__ import annotations
 
+import datetime
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
@@ -92,17 +93,29 @@ class MethodCalls:
         return self.call("__call__", args, kwargs)
 
 
-def check_call_timeout(call_timeout: Any) -> None:
-    """``TypeError``/``ValueError`` unless ``call_timeout`` is None or a number > 0."""
-    if call_timeout is not None:
-        if isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)):
-            raise TypeError(f"call_timeout must be a number or None, got {type(call_timeout).__name__}")
-        if not call_timeout > 0:
-            raise ValueError(f"call_timeout must be > 0 or None, got {call_timeout}")
+def check_call_timeout(call_timeout: Any) -> float | None:
+    """``call_timeout`` in seconds: None, a number > 0 or a ``datetime.timedelta`` > 0
+    (what Launchpad's courier takes); ``TypeError``/``ValueError`` otherwise."""
+    if call_timeout is None:
+        return None
+    if isinstance(call_timeout, datetime.timedelta):
+        seconds = call_timeout.total_seconds()
+    elif isinstance(call_timeout, bool) or not isinstance(call_timeout, (int, float)):
+        raise TypeError(
+            f"call_timeout must be a number of seconds, a timedelta or None, got {type(call_timeout).__name__}"
+        )
+    else:
+        seconds = float(call_timeout)
+    if not seconds > 0:
+        raise ValueError(f"call_timeout must be > 0 or None, got {call_timeout!r}")
+    return seconds
 
 
 def timeout_error(method: str, server: str, call_timeout: float | None) -> Timeout:
-    return Timeout(f"call to {method!r} on {server!r} did not complete within call_timeout={call_timeout} s")
+    # "Deadline Exceeded" is the text Launchpad's courier puts in this error, and users match on it
+    return Timeout(
+        f"Deadline Exceeded: call to {method!r} on {server!r} did not complete within call_timeout={call_timeout} s"
+    )
 
 
 def settle(fut: Future, how: Callable[[Future, Any], None], value: Any) -> None:

@@ -61,9 +61,8 @@ class RpcClient(MethodCalls):
     def __init__(self, address: str, call_timeout: float | None = None, name: str | None = None):
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
-        check_call_timeout(call_timeout)
         self.address = address
-        self.call_timeout = call_timeout
+        self.call_timeout = check_call_timeout(call_timeout)
         self._name = name or address
         self._ids = itertools.count()
         self.futures = FutureMethods(self)

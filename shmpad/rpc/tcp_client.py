@@ -86,9 +86,8 @@ class TcpRpcClient(MethodCalls):
         max_frame: int = MAX_FRAME,
     ):
         host, port = parse_address(address)
-        check_call_timeout(call_timeout)
         self.address = join_address(host, port)
-        self.call_timeout = call_timeout
+        self.call_timeout = check_call_timeout(call_timeout)
         self.connect_timeout = connect_timeout
         self._name = name or self.address
         self._token = load_token(token, token_file)
