@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -41,6 +40,8 @@ import shmpad as lp
 from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
 from bench import rundir
 from bench.cli import explicit_options, parser_for
+from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
+from bench.impala_log import CSV_COLUMNS, last_seconds, plot, progress, progress_line
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
@@ -115,74 +116,6 @@ class Args:
     """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
     virtual_batch_size: int = 0
     """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
-
-
-HELP_GROUPS = {
-    "environment": ["env", "full_action_space", "seed"],
-    "model": ["model", "use_lstm"],
-    "learning": [
-        "total_frames",
-        "unroll_length",
-        "batch_size",
-        "optimizer",
-        "learning_rate",
-        "entropy_cost",
-        "baseline_cost",
-        "discount",
-        "reward_clip",
-        "grad_norm_clip",
-        "reduction",
-        "device",
-        "learner_threads",
-    ],
-    "actors": ["num_actors", "num_workers", "envs_per_worker", "queue_slots"],
-    "several hosts (python -m shmpad.net.broker on one of them)": [
-        "peers",
-        "group",
-        "peer_host",
-        "token_file",
-        "min_peers",
-        "virtual_batch_size",
-    ],
-    "output": ["out", "resume", "log_interval", "checkpoint_minutes", "launch_type"],
-}
-CHOICES = {
-    "model": ("shallow", "deep", "mlp"),
-    "optimizer": ("adam", "rmsprop"),
-    "reduction": ("mean", "sum"),
-    "device": ("cpu", "cuda"),
-    "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
-}
-EXAMPLES = """examples:
-  python -m bench.impala                                   a 200K-frame Pong smoke test (2-3 minutes on 2 cores)
-  python -m bench.impala --env CartPole-v1                 CartPole with its own defaults (750K frames, mlp)
-  python -m bench.impala --env ALE/Breakout-v5 --model deep --full-action-space --total-frames 50_000_000
-  python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000 --total-frames 1_000_000
-"""
-
-FAMILY_DEFAULTS = {
-    # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
-    "classic_control": dict(
-        model="mlp",
-        total_frames=750_000,
-        learning_rate=0.003,
-        discount=0.98,
-        entropy_cost=0.01,
-        batch_size=16,
-    ),
-}
-"""Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
-given on the command line win."""
-
-
-def env_family(env_id: str) -> str:
-    """'atari', 'classic_control' (gymnasium's CartPole, Acrobot, MountainCar...) or 'other'."""
-    import gymnasium
-
-    config = EnvConfig(env_id)  # registers the Atari ids; an unknown id raises ValueError here
-    if config.is_atari:
-        return "atari"
-    return "classic_control" if "classic_control" in str(gymnasium.spec(env_id).entry_point) else "other"
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", measuring: bool = False) -> Args:
@@ -311,21 +244,6 @@ def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
 
 # -- the learner node --------------------------------------------------------------------
 
-CSV_COLUMNS = [
-    "frames",
-    "seconds",
-    "fps",
-    "mean_return",
-    "episodes",
-    "learner_steps",
-    "steps_per_s",
-    "queue_fill",
-    "wait_fraction",
-    "learning_rate",
-    "loss",
-    "group_size",
-]
-
 
 def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
     torch.set_num_threads(args.learner_threads)
@@ -340,7 +258,7 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     seconds_before = 0.0
     if args.resume and os.path.exists(checkpoint):
         learner.load(checkpoint)
-        seconds_before = _last_seconds(os.path.join(args.out, "log.csv"))
+        seconds_before = last_seconds(os.path.join(args.out, "log.csv"))
     if args.peers:
         token = load_token(token_file=args.token_file or None)
         learner.join_group(
@@ -370,17 +288,17 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
                 pass
             now = time.monotonic()
             if now - last["t"] >= args.log_interval or learner.frames >= args.total_frames:
-                row = _progress(learner, trajectories, last, now, seconds_before + now - start)
+                row = progress(learner, trajectories, last, now, seconds_before + now - start)
                 log.writerow(row)
                 f.flush()
-                print(_line(row), flush=True)
+                print(progress_line(row), flush=True)
             if now - last_checkpoint >= 60 * args.checkpoint_minutes:
                 learner.save(checkpoint)
                 last_checkpoint = now
         learner.save(checkpoint)
     if learner.accumulator is not None:
         learner.accumulator.close()
-    _plot(log_path, os.path.join(args.out, "curve.png"), args.env)
+    plot(log_path, os.path.join(args.out, "curve.png"), args.env)
     if learner.frames >= args.total_frames:
         print(
             f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}",
@@ -389,80 +307,6 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     else:
         print(f"stopped at {learner.frames:,} frames; saved {checkpoint}", flush=True)
     lp.stop()
-
-
-def _progress(learner: Learner, trajectories, last: dict, now: float, seconds: float) -> dict:
-    s = learner.statistics()
-    dt = max(now - last["t"], 1e-9)
-    ring = trajectories.statistics()
-    row = {
-        "frames": s.frames,
-        "seconds": round(seconds, 2),
-        "fps": round((s.frames - last["frames"]) / dt, 1),
-        "mean_return": "" if math.isnan(s.mean_return) else round(s.mean_return, 3),
-        "episodes": s.episodes,
-        "learner_steps": s.steps,
-        "steps_per_s": round((s.steps - last["steps"]) / dt, 3),
-        "queue_fill": round(ring.size / ring.capacity, 3),
-        "wait_fraction": round((s.wait_seconds - last["wait"]) / dt, 3),
-        "learning_rate": f"{s.learning_rate:.3g}",
-        "loss": round(s.last_loss.get("total", float("nan")), 4),
-        "group_size": learner.accumulator.size if learner.accumulator is not None else 1,
-    }
-    last.update(t=now, frames=s.frames, steps=s.steps, wait=s.wait_seconds)
-    return row
-
-
-def _line(row: dict) -> str:
-    ret = "-" if row["mean_return"] == "" else f"{row['mean_return']:.2f}"
-    return (
-        f"frames {row['frames']:>10,}  fps {row['fps']:>8,.0f}  learner steps/s {row['steps_per_s']:6.2f}  "
-        f"return(100) {ret:>7}  episodes {row['episodes']:>6}  {_bound(row['queue_fill'], row['wait_fraction'])}"
-        + (f"  group {row['group_size']}" if row["group_size"] != 1 else "")
-    )
-
-
-def _bound(queue_fill: float, wait_fraction: float) -> str:
-    """Which role limits the run, in words: a learner that waits for unrolls has too few
-    actors behind it; a full trajectory ring means the actors wait for the learner."""
-    if wait_fraction >= 0.2:
-        role = "actor-bound"
-    elif queue_fill >= 0.5:
-        role = "learner-bound"
-    else:
-        role = "balanced"
-    return f"{role}: queue {queue_fill:4.0%} full, learner waits {wait_fraction:4.0%}"
-
-
-def _last_seconds(log_path: str) -> float:
-    try:
-        with open(log_path) as f:
-            rows = list(csv.DictReader(f))
-        return float(rows[-1]["seconds"]) if rows else 0.0
-    except (OSError, KeyError, ValueError):
-        return 0.0
-
-
-def _plot(log_path: str, png_path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    with open(log_path) as f:
-        rows = [r for r in csv.DictReader(f) if r["mean_return"] != ""]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([int(r["frames"]) for r in rows], [float(r["mean_return"]) for r in rows])
-    ax.set_xlabel("environment frames")
-    ax.set_ylabel("mean return (last 100 episodes)")
-    ax.set_title(f"IMPALA on {title}")
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
-
-
-# -- the program -------------------------------------------------------------------------
 
 
 def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp.Handle | None]:
@@ -513,30 +357,6 @@ def prepare_run(args: Args) -> int | None:
         frames = rundir.check_checkpoint(args.out, model, f"--env {args.env} --model {args.model}")
     rundir.write_config(args.out, config)
     return frames
-
-
-def summary(args: Args) -> str:
-    core = "+lstm" if args.use_lstm else ""
-    return (
-        f"IMPALA on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
-        f"{args.num_actors} actor(s) x {args.num_workers} workers x {args.envs_per_worker} envs, {args.device}, "
-        f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})"
-    )
-
-
-def advice(args: Args) -> str | None:
-    """What to try after a run that ended at its target, for the env family trained."""
-    family = env_family(args.env)
-    if family == "atari" and args.total_frames < 10_000_000:
-        return (
-            f"That was a smoke test ({args.total_frames:,} frames), not training: Atari games need 10M-50M frames. "
-            "For a full run: --total-frames 50_000_000 --model deep --full-action-space, --num-actors/--num-workers "
-            "to fill the machine's cores, and --device cuda if there is a GPU."
-        )
-    target = FAMILY_DEFAULTS.get(family, {}).get("total_frames")
-    if target is not None and args.total_frames < target:
-        return f"A short run: {args.env} usually needs about {target:,} frames with these settings (the default)."
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import sys
 import pytest
 from helpers import kill_and_reap, run_command, track_pid
 
-from bench import impala
+from bench import impala, impala_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--num-workers", "1", "--envs-per-worker", "4", "--log-interval", "1", "--launch-type", "test_mp"]
@@ -64,9 +64,9 @@ def test_the_default_out_is_a_new_folder_per_env_and_start():
 
 
 def test_the_progress_line_names_the_role_that_bounds_the_run():
-    assert impala._bound(0.76, 0.0).startswith("learner-bound: queue  76% full, learner waits   0%")
-    assert impala._bound(0.02, 0.4).startswith("actor-bound")
-    assert impala._bound(0.2, 0.05).startswith("balanced")
+    assert impala_log.bound(0.76, 0.0).startswith("learner-bound: queue  76% full, learner waits   0%")
+    assert impala_log.bound(0.02, 0.4).startswith("actor-bound")
+    assert impala_log.bound(0.2, 0.05).startswith("balanced")
 
 
 def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp_path):
