@@ -3,9 +3,9 @@
 Launchpad programs are absl apps (``app.run(main)``) and pass ``--lp_launch_type=...``:
 absl refuses a flag nobody defined, so importing shmpad defines Launchpad's flags with
 Launchpad's names and types (once: a program that also imports Launchpad keeps its
-definitions). ``launch()`` reads them as Launchpad's does, parsing ``sys.argv``
-known-only first if absl has not parsed it yet. Without absl, or when absl cannot
-parse the command line, the launcher reads ``sys.argv`` itself.
+definitions). ``launch()`` reads the values an absl app parsed from its command line
+(``app.run`` does before ``main``); otherwise, and without absl, it reads ``sys.argv``
+itself, every time.
 
 One default differs from Launchpad's: ``--lp_launch_type`` defaults to shmpad's
 default launch type, ``local_mp`` (Launchpad's is ``local_mt``), so that
@@ -71,7 +71,7 @@ def _define() -> Any:
         fl.DEFINE_integer(
             "lp_termination_notice_secs",
             10,
-            "Seconds a stopping node gets before it is killed: 0 kills at once, a negative value never kills.",
+            "Seconds a stopping node gets before it is killed (a finite number >= 0; 0 kills at once).",
         )
     if "lp_worker_manager_v2" not in defined:
         fl.DEFINE_bool(
@@ -91,16 +91,14 @@ LAUNCH_TYPE = _define()
 
 
 def absl_value(name: str) -> Any:
-    """The value absl has for Launchpad's flag ``name``, parsing ``sys.argv`` known-only
-    first if absl has not parsed yet (as Launchpad's ``launch()`` does); None without
-    absl, or when absl cannot parse the command line (a bad value: the launcher reads
-    ``sys.argv`` itself and says what is wrong in its own words)."""
+    """The value of Launchpad's flag ``name`` that an absl app parsed from its command line
+    (``app.run`` parses before ``main``); None without absl, before absl parsed, or when
+    the flag was not given. shmpad never parses ``sys.argv`` into absl's global ``FLAGS``
+    itself: values parsed once would stick for the life of the process, whatever the
+    command line of a later ``launch()`` says; it reads ``sys.argv`` instead."""
     if _absl_flags is None:
         return None
     defined = _absl_flags.FLAGS
-    if not defined.is_parsed():
-        try:
-            defined(sys.argv, known_only=True)
-        except _absl_flags.Error:
-            return None
+    if not defined.is_parsed() or name not in defined or not defined[name].present:
+        return None
     return defined[name].value
