@@ -290,22 +290,12 @@ def targets(results: Results, subjects, sizes, producer_counts) -> list[str]:
                 for name in (single, batch):
                     if name and best_peer:
                         r = results.ratio(name, peers, size, producers)
-                        line(
-                            case,
-                            f"{name} >= 2x the best peer ({best_peer})",
-                            fmt_ratio(r),
-                            at_least(r, 2),
-                        )
+                        line(case, f"{name} >= 2x the best peer ({best_peer})", fmt_ratio(r), at_least(r, 2))
                 if size == 64:
                     for name, bar in ((single, 2e6), (batch, 20e6)):
                         if name:
                             rate = results.median(name, size, producers)
-                            line(
-                                case,
-                                f"{name} >= {fmt_rate(bar)} msgs/s",
-                                fmt_rate(rate),
-                                at_least(rate, bar),
-                            )
+                            line(case, f"{name} >= {fmt_rate(bar)} msgs/s", fmt_rate(rate), at_least(rate, bar))
             else:
                 if copying and ceiling:
                     r = results.ratio(copying, ceiling, size, producers)

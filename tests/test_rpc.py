@@ -466,7 +466,7 @@ def test_closing_a_client_fails_its_pending_futures_with_closed(server):
 
 
 def test_an_address_nobody_creates_does_not_hang_a_call(monkeypatch):
-    import shmpad.rpc.shm_client as rpc
+    import shmpad.rpc.calls as rpc
 
     monkeypatch.setattr(rpc, "CONNECT_TIMEOUT_S", 0.3)
     c = RpcClient("/shmpad.0.nobody-creates-this")

@@ -23,15 +23,8 @@ from typing import Any, Callable
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.mpmc import MPMCRing
 from shmpad.ringbuf.spsc import SPSCRing
-from shmpad.rpc.calls import (
-    CONNECT_TIMEOUT_S,
-    POLL_S,
-    FutureMethods,
-    MethodCalls,
-    check_call_timeout,
-    settle,
-    timeout_error,
-)
+from shmpad.rpc import calls
+from shmpad.rpc.calls import FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
 from shmpad.rpc.codec import REPLY, drop, encode, unpack_reply
 from shmpad.rpc.shm_server import SLOT_SIZE, SYNC_TAG
 
@@ -111,9 +104,9 @@ class RpcClient(MethodCalls):
         closed_at = None
         while True:
             if deadline is None:
-                wait = POLL_S
+                wait = calls.POLL_S
             else:
-                wait = min(POLL_S, deadline - time.monotonic())
+                wait = min(calls.POLL_S, deadline - time.monotonic())
             try:
                 if wait <= 0:
                     raise Timeout
@@ -192,7 +185,7 @@ class RpcClient(MethodCalls):
         """Attach the request ring, waiting for it to exist (at most ``CONNECT_TIMEOUT_S``
         without a call_timeout: an address nobody will create must not hang the caller)."""
         delay = 0.001
-        give_up = time.monotonic() + CONNECT_TIMEOUT_S
+        give_up = time.monotonic() + calls.CONNECT_TIMEOUT_S
         while True:
             try:
                 ring = MPMCRing.attach(self.address)
@@ -203,11 +196,11 @@ class RpcClient(MethodCalls):
                     raise self._timeout_error(method) from None
                 if deadline is None and now >= give_up:
                     raise Timeout(
-                        f"no courier server at {self.address!r} appeared within {CONNECT_TIMEOUT_S:g} s "
+                        f"no courier server at {self.address!r} appeared within {calls.CONNECT_TIMEOUT_S:g} s "
                         f"(calling {method!r}); is its program running?"
                     ) from None
                 time.sleep(delay)
-                delay = min(delay * 2, POLL_S)
+                delay = min(delay * 2, calls.POLL_S)
         with self._lock:
             if self._request is None:
                 self._request = ring
@@ -236,7 +229,7 @@ class RpcClient(MethodCalls):
         except Closed:
             raise Closed(f"courier server {self._name!r} is stopped: cannot call {method!r}") from None
         while True:
-            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            wait = calls.POLL_S if deadline is None else min(calls.POLL_S, deadline - time.monotonic())
             if wait <= 0:
                 raise self._timeout_error(method)
             try:
@@ -284,9 +277,9 @@ class RpcClient(MethodCalls):
             try:
                 while not fut._finished() and not self._closed:
                     if deadline is None:
-                        self._read_one(POLL_S)
+                        self._read_one(calls.POLL_S)
                     else:
-                        wait = min(POLL_S, deadline - time.monotonic())
+                        wait = min(calls.POLL_S, deadline - time.monotonic())
                         if wait <= 0:
                             return
                         self._read_one(wait)
@@ -332,7 +325,7 @@ class RpcClient(MethodCalls):
                 with cond:
                     self._pump_idle = True
                     if not self._pending:
-                        cond.wait(POLL_S)
+                        cond.wait(calls.POLL_S)
                     self._pump_idle = False
                 continue
             self._expire()

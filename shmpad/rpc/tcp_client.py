@@ -26,15 +26,8 @@ from shmpad.net.wire import (
     Kind,
     parse_address,
 )
-from shmpad.rpc.calls import (
-    CONNECT_TIMEOUT_S,
-    POLL_S,
-    FutureMethods,
-    MethodCalls,
-    check_call_timeout,
-    settle,
-    timeout_error,
-)
+from shmpad.rpc import calls
+from shmpad.rpc.calls import FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
 from shmpad.rpc.codec import encode_message, load_message, message_size, split_message, unpack_reply
 from shmpad.rpc.tcp_server import join_address, set_keepalive
 
@@ -82,7 +75,7 @@ class TcpRpcClient(MethodCalls):
         name: str | None = None,
         *,
         token_file: str | os.PathLike | None = None,
-        connect_timeout: float = CONNECT_TIMEOUT_S,
+        connect_timeout: float = calls.CONNECT_TIMEOUT_S,
         max_frame: int = MAX_FRAME,
     ):
         host, port = parse_address(address)
@@ -221,7 +214,7 @@ class TcpRpcClient(MethodCalls):
             except OSError as e:
                 raise ConnectionError(f"cannot reach {self._name!r} at {self.address}: {e}") from None
             time.sleep(delay)
-            delay = min(delay * 2, POLL_S)
+            delay = min(delay * 2, calls.POLL_S)
 
     def _read(self, link: _Link) -> None:
         """Complete the futures of ``link``'s replies until the connection ends; then
@@ -230,13 +223,13 @@ class TcpRpcClient(MethodCalls):
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLIN)
         reason = None
-        expire_at = time.monotonic() + POLL_S
+        expire_at = time.monotonic() + calls.POLL_S
         try:
             while not conn.closed:
-                ready = poller.poll(POLL_S * 1000)
+                ready = poller.poll(calls.POLL_S * 1000)
                 if time.monotonic() >= expire_at:  # also while replies keep coming
                     self._expire(pending)
-                    expire_at = time.monotonic() + POLL_S
+                    expire_at = time.monotonic() + calls.POLL_S
                 if not ready:
                     continue
                 frame = conn.recv()
