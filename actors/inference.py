@@ -89,6 +89,7 @@ class BatchedInference:
         self._core = [model.initial_state(pool.half_size) for _ in range(pool.halves)] if self.recurrent else []
         self._version = 0
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._pinned: dict[Any, torch.Tensor] = {}  # CUDA: host staging of observations, actions and logits
         self._wait_ns = self._infer_ns = self._rollout_ns = 0
         self._batches = self._steps = 0
 
@@ -102,17 +103,16 @@ class BatchedInference:
             self._version = self.weights.pull(self.model, newer_than=self._version)
         core_state: tuple[torch.Tensor, ...] = ()
         with torch.inference_mode():
-            obs = torch.from_numpy(batch.obs).to(self.device, non_blocking=True)  # [B/2, *obs_shape], no copy on CPU
+            obs = self._to_device(batch.obs, "obs")  # [B/2, *obs_shape], no copy on CPU
             if self.recurrent:
                 core_state = self._core[batch.half]
-                done = torch.from_numpy(batch.done).to(self.device, non_blocking=True).bool()  # [B/2]
+                done = self._to_device(batch.done, "done").bool()  # [B/2]
                 out = self.model(obs[None], done[None], core_state)
                 logits = out.policy_logits[0]  # [B/2, A]
                 self._core[batch.half] = out.core_state
             else:
                 logits = self.policy(self.model, obs)  # [B/2, A]
-            actions = sample_actions(logits, self._generator).cpu().numpy()
-            logits = logits.float().cpu().numpy()
+            actions, logits = self._to_host(sample_actions(logits, self._generator), logits.float())
         batch.action[:] = actions
         t2 = time.perf_counter_ns()
         if self.rollouts is not None:
@@ -128,6 +128,31 @@ class BatchedInference:
         self._batches += 1
         self._steps += len(batch.envs)
         return batch.half
+
+    def _to_device(self, array: np.ndarray, name: str) -> torch.Tensor:
+        """The CPU: a view of the slots. CUDA: through a pinned buffer, asynchronously."""
+        if self.device.type != "cuda":
+            return torch.from_numpy(array)
+        src = torch.from_numpy(array)
+        pinned = self._pinned.get(name)
+        if pinned is None or pinned.shape != src.shape:
+            pinned = self._pinned[name] = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        pinned.copy_(src)
+        return pinned.to(self.device, non_blocking=True)
+
+    def _to_host(self, *tensors: torch.Tensor) -> list[np.ndarray]:
+        """Numpy arrays of ``tensors``; from CUDA through pinned buffers with one synchronisation."""
+        if self.device.type != "cuda":
+            return [t.numpy() for t in tensors]
+        out = []
+        for i, t in enumerate(tensors):
+            pinned = self._pinned.get(i)
+            if pinned is None or pinned.shape != t.shape or pinned.dtype != t.dtype:
+                pinned = self._pinned[i] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            pinned.copy_(t, non_blocking=True)
+            out.append(pinned)
+        torch.cuda.current_stream(self.device).synchronize()  # the one wait of the batch
+        return [p.numpy().copy() for p in out]
 
     def core_state(self, half: int) -> tuple[torch.Tensor, ...]:
         """The core state the half's next batch starts from (``()`` for a feed-forward model)."""

@@ -42,6 +42,7 @@ from bench import rundir
 from bench.cli import explicit_options, parser_for
 from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
 from bench.impala_log import CSV_COLUMNS, last_seconds, plot, progress, progress_line
+from bench.impala_plan import make_plan
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
@@ -62,12 +63,12 @@ class Args:
     """T: steps per unroll"""
     batch_size: int = 32
     """B: unrolls per learner update"""
-    num_actors: int = 1
-    """actor nodes, each with its own env workers and batched inference"""
-    num_workers: int = 2
-    """env worker processes per actor"""
-    envs_per_worker: int = 16
-    """environments each worker steps"""
+    num_actors: int = 0
+    """actor nodes, each with its own env workers and batched inference (0: from the plan)"""
+    num_workers: int = 0
+    """env worker processes per actor (0: from the plan)"""
+    envs_per_worker: int = 0
+    """environments each worker steps (0: from the plan, 16)"""
     optimizer: str = "adam"
     """the optimiser"""
     learning_rate: float = 6e-4
@@ -90,8 +91,14 @@ class Args:
     """trajectory ring slots (0: 4 batches)"""
     device: str = "cpu"
     """where inference and the learner run"""
-    learner_threads: int = 1
-    """torch threads of the learner (actors use 1)"""
+    learner_threads: int = 0
+    """torch threads of the learner (0: from the plan; actors use 1)"""
+    compile: str = "auto"
+    """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
+    bf16: str = "auto"
+    """bf16 autocast in the learner: auto (on a GPU), on, off"""
+    publish_every: int = 1
+    """learner updates between two publishes of the weights to the actors"""
     seed: int = 0
     """seeds every environment and the networks"""
     out: str = ""
@@ -132,6 +139,21 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     args = dataclasses.replace(args, **{k: v for k, v in FAMILY_DEFAULTS.get(family, {}).items() if k not in given})
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    for name in ("num_actors", "num_workers", "envs_per_worker", "learner_threads", "publish_every"):
+        if getattr(args, name) < (1 if name == "publish_every" else 0):
+            parser.error(
+                f"--{name.replace('_', '-')} must be >= {1 if name == 'publish_every' else 0}, got {getattr(args, name)}"
+            )
+    plan = make_plan(args)
+    args = dataclasses.replace(
+        args,
+        num_actors=plan.num_actors,
+        num_workers=plan.num_workers,
+        envs_per_worker=plan.envs_per_worker,
+        learner_threads=plan.learner_threads,
+        compile="on" if plan.compile else "off",
+        bf16="on" if plan.bf16 else "off",
+    )
     if args.min_peers < 1:
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
     if args.peers:
@@ -183,6 +205,9 @@ def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
         reduction=args.reduction,
         total_frames=args.total_frames,
         frames_per_step=frames_per_step,
+        publish_every=args.publish_every,
+        compile=args.compile == "on",
+        bf16=args.bf16 == "on",
     )
 
 

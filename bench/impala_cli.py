@@ -12,6 +12,7 @@ from typing import Any
 
 from actors import EnvConfig
 from bench import rundir
+from bench.impala_plan import usable_cores
 
 __all__ = ["CHOICES", "EXAMPLES", "FAMILY_DEFAULTS", "HELP_GROUPS", "advice", "env_family", "summary"]
 
@@ -30,8 +31,13 @@ HELP_GROUPS = {
         "reward_clip",
         "grad_norm_clip",
         "reduction",
+    ],
+    "speed (0 and auto: chosen from the cores and the device, printed as the plan)": [
         "device",
         "learner_threads",
+        "compile",
+        "bf16",
+        "publish_every",
     ],
     "actors": ["num_actors", "num_workers", "envs_per_worker", "queue_slots"],
     "several hosts (python -m shmpad.net.broker on one of them)": [
@@ -49,6 +55,8 @@ CHOICES = {
     "optimizer": ("adam", "rmsprop"),
     "reduction": ("mean", "sum"),
     "device": ("cpu", "cuda"),
+    "compile": ("auto", "on", "off"),
+    "bf16": ("auto", "on", "off"),
     "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
 }
 EXAMPLES = """examples:
@@ -87,8 +95,11 @@ def summary(args: Any) -> str:
     core = "+lstm" if args.use_lstm else ""
     return (
         f"IMPALA on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
-        f"{args.num_actors} actor(s) x {args.num_workers} workers x {args.envs_per_worker} envs, {args.device}, "
-        f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})"
+        f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})\n"
+        f"plan for {usable_cores()} core(s), {args.device}: {args.num_actors} actor(s) x {args.num_workers} env "
+        f"workers x {args.envs_per_worker} envs, learner {args.learner_threads} thread(s), "
+        f"{'compiled' if args.compile == 'on' else 'eager'}, {'bf16' if args.bf16 == 'on' else 'fp32'}, "
+        f"weights published every {args.publish_every} update(s)"
     )
 
 

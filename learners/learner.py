@@ -2,9 +2,13 @@
 optimiser step, new weights to the weight store.
 
 A batch is ``ring.get_batch(B, torch=True)``: zero-copy ``[B, T+1, ...]`` views of
-the ring's slots, made time-major ``[T+1, B, ...]`` by a transpose (no copy on
-the CPU; on a GPU one pinned copy, moved asynchronously). The slots go back to
-the ring once the backward pass no longer needs them. Rows follow
+the ring's slots, made time-major ``[T+1, B, ...]`` by a transpose. On the CPU the
+update reads the slots in place and they go back to the ring once the backward pass
+no longer needs them; on a GPU they are copied once into pinned staging, go back at
+once, and reach the device on a side stream while the previous update computes
+(``learners.transfer``). Weights are published every ``publish_every`` updates, from a
+GPU without waiting for the device. ``compile`` and ``bf16`` choose how the forward
+pass and the loss run. Rows follow
 ``actors.rollout``: row ``t`` holds the observation, the action taken from it
 and its behaviour logits, and the reward and done that came *with* it. A model
 with an LSTM core starts each unroll from the core state stored in its slot
@@ -26,6 +30,7 @@ import torch
 from actors.trajectory import core_state_fields, unroll_length
 from learners.loss import ImpalaLoss, impala_loss
 from learners.models import ActorCritic, ModelOutput
+from learners.transfer import BatchStager, WeightPublisher
 from shmpad.errors import Timeout
 from shmpad.ringbuf import TypedRing, WeightStore
 
@@ -66,6 +71,12 @@ class LearnerConfig:
     """frames over which the learning rate decays to 0 (0: no decay)"""
     frames_per_step: int = 1
     """environment frames per agent step (the frame skip: 4 on Atari)"""
+    publish_every: int = 1
+    """updates between two publishes of the weights (a tiny model is otherwise dominated by publishing)"""
+    compile: bool = False
+    """``torch.compile`` the forward pass and the loss (and so their backward); falls back to eager if it fails"""
+    bf16: bool = False
+    """run the model under bf16 autocast (the loss stays fp32)"""
 
     def check(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -80,6 +91,8 @@ class LearnerConfig:
             raise ValueError(f"total_frames must be >= 0, got {self.total_frames!r}")
         if self.frames_per_step < 1:
             raise ValueError(f"frames_per_step must be >= 1, got {self.frames_per_step!r}")
+        if isinstance(self.publish_every, bool) or not isinstance(self.publish_every, int) or self.publish_every < 1:
+            raise ValueError(f"publish_every must be an int >= 1, got {self.publish_every!r}")
 
 
 @dataclass(frozen=True)
@@ -124,9 +137,12 @@ class Learner:
         self.weights = weights
         self.device = torch.device(device)
         self.unroll_length = unroll_length(ring.spec)
+        cuda = self.device.type == "cuda"
+        # fused Adam on a GPU (one kernel for every parameter); foreach elsewhere (fewer, larger ops)
+        fast = {"fused": True} if cuda else {"foreach": True}
         if config.optimizer == "adam":
             self.optimizer: torch.optim.Optimizer = torch.optim.Adam(
-                model.parameters(), lr=config.learning_rate, eps=config.adam_eps
+                model.parameters(), lr=config.learning_rate, eps=config.adam_eps, **fast
             )
         else:
             self.optimizer = torch.optim.RMSprop(
@@ -135,7 +151,13 @@ class Learner:
                 alpha=config.rmsprop_alpha,
                 eps=config.rmsprop_eps,
                 momentum=config.rmsprop_momentum,
+                foreach=True,
             )
+        self.stager: BatchStager | None = BatchStager(self.device) if cuda else None
+        """on a GPU, batches go ring -> pinned staging -> device, double-buffered"""
+        self.compiled = config.compile
+        """whether the loss runs compiled (False after a failed compile fell back to eager)"""
+        self._loss_fn = torch.compile(self._loss) if config.compile else self._loss
         self.frames_per_update = config.batch_size * self.unroll_length * config.frames_per_step
         total_updates = math.ceil(config.total_frames / self.frames_per_update) if config.total_frames else 0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -147,7 +169,7 @@ class Learner:
         self.returns: collections.deque[float] = collections.deque(maxlen=100)
         self._wait_s = 0.0
         self._update_s = 0.0
-        self._last_loss: dict = {}
+        self._last_loss: ImpalaLoss | None = None  # tensors: read (and synchronised) only by statistics()
         self.accumulator: Any = None
         """a ``shmpad.net.Accumulator`` built on this learner's model, optimiser and
         scheduler: gradients are then averaged with the group's learners before each
@@ -155,8 +177,9 @@ class Learner:
         self.skipped = 0
         """batches that led to no step of their own: the group's virtual batch was not
         complete yet, or the reduction was abandoned because the group changed"""
-        if weights is not None:
-            weights.publish(self.model)
+        self.publisher = WeightPublisher(self.model, weights, config.publish_every) if weights is not None else None
+        if self.publisher is not None:
+            self.publisher.publish()
 
     def join_group(self, broker: str, group: str = "default", **kwargs: Any) -> None:
         """Average gradients with the other learners of ``group`` at ``broker``
@@ -173,54 +196,87 @@ class Learner:
             if not self.accumulator.ready(timeout):
                 self._wait_s += time.perf_counter() - t0
                 raise Timeout(f"the learner's group did not become ready within {timeout} s")
-            if self.accumulator.version != version and self.weights is not None:
-                self.weights.publish(self.model)  # the group's state replaced ours
+            if self.accumulator.version != version and self.publisher is not None:
+                self.publisher.publish()  # the group's state replaced ours
         batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
         t1 = time.perf_counter()
-        try:
-            loss = self.update({k: v.transpose(0, 1) for k, v in batch.items()})  # [T+1, B, ...]
-        finally:
-            self.ring.release()
+        if self.stager is None:
+            try:
+                loss = self.update(_time_major(batch))  # [T+1, B, ...]
+            finally:
+                self.ring.release()
+        else:
+            try:
+                i = self.stager.stage(batch)
+            finally:
+                self.ring.release()  # the slots are free while the copy to the device and the update run
+            self._count_episodes(_time_major(self.stager.host(i)))
+            try:
+                loss = self._update(_time_major(self.stager.to_device(i)))
+            finally:
+                self.stager.done(i)
         self._wait_s += t1 - t0
         self._update_s += time.perf_counter() - t1
         return loss
 
     def update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
         """One optimiser step on a time-major batch ``{field: [T+1, B, ...]}``."""
-        if self.device.type != "cpu":
-            batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
         self._count_episodes(batch)
-        done = batch["done"].bool()  # [T+1, B]
-        out = self.forward(batch)  # logits [T+1, B, A], baseline [T+1, B]
-        loss = impala_loss(
+        if any(v.device != self.device for v in batch.values()):
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return self._update(batch)
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        loss = self._compute_loss(batch)
+        self.frames += self.frames_per_update
+        self._last_loss = ImpalaLoss(*(v.detach() for v in loss))
+        if self.accumulator is not None and not self.accumulator.reduce_gradients(batch["done"].shape[1]):
+            self.skipped += 1
+            return loss
+        if self.config.grad_norm_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip, foreach=True)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        if self.publisher is not None:
+            self.publisher()
+        return loss
+
+    def _compute_loss(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        """The loss and its gradients (compiled when asked; a compile that fails falls back to eager once)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._loss_fn is self._loss:
+            loss = self._loss(batch)
+            loss.total.backward()
+            return loss
+        try:
+            loss = self._loss_fn(batch)
+            loss.total.backward()
+            return loss
+        except Exception as e:  # noqa: BLE001 - any compiler failure: say so once and run eager
+            print(f"learner: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); running eager", flush=True)
+            self._loss_fn = self._loss
+            self.compiled = False
+            return self._compute_loss(batch)
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            out = self.forward(batch)  # logits [T+1, B, A], baseline [T+1, B]
+        logits, baseline = out.policy_logits.float(), out.baseline.float()
+        return impala_loss(
             behaviour_logits=batch["logits"][:-1],  # [T, B, A]
-            target_logits=out.policy_logits[:-1],
+            target_logits=logits[:-1],
             actions=batch["action"][:-1].long(),  # [T, B]
             rewards=batch["reward"][1:],  # [T, B]: what each action earned
-            done=done[1:],
-            values=out.baseline[:-1],
-            bootstrap_value=out.baseline[-1],  # [B]
+            done=batch["done"][1:].bool(),
+            values=baseline[:-1],
+            bootstrap_value=baseline[-1],  # [B]
             discount=self.config.discount,
             reward_clip=self.config.reward_clip,
             baseline_cost=self.config.baseline_cost,
             entropy_cost=self.config.entropy_cost,
             reduction=self.config.reduction,
         )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.total.backward()
-        self.frames += self.frames_per_update
-        self._last_loss = {k: float(v.detach()) for k, v in loss._asdict().items()}
-        if self.accumulator is not None and not self.accumulator.reduce_gradients(batch["done"].shape[1]):
-            self.skipped += 1
-            return loss
-        if self.config.grad_norm_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.steps += 1
-        if self.weights is not None:
-            self.weights.publish(self.model)
-        return loss
 
     def forward(self, batch: dict[str, torch.Tensor]) -> ModelOutput:
         """The model over a time-major batch, from the core state stored at the start of each unroll."""
@@ -245,7 +301,7 @@ class Learner:
             self._wait_s,
             self._update_s,
             self.optimizer.param_groups[0]["lr"],
-            dict(self._last_loss),
+            {} if self._last_loss is None else {k: float(v) for k, v in self._last_loss._asdict().items()},
         )
 
     # -- checkpoints -------------------------------------------------------------------
@@ -270,8 +326,8 @@ class Learner:
         self.frames = int(state["frames"])
         self.episodes = int(state["episodes"])
         self.returns = collections.deque(state["returns"], maxlen=100)
-        if self.weights is not None:
-            self.weights.publish(self.model)
+        if self.publisher is not None:
+            self.publisher.publish()
 
     def save(self, path: str) -> None:
         """Write a checkpoint atomically (a crash mid-write leaves the previous one)."""
@@ -281,3 +337,7 @@ class Learner:
 
     def load(self, path: str) -> None:
         self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+
+
+def _time_major(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.transpose(0, 1) for k, v in batch.items()}  # [B, T+1, ...] -> [T+1, B, ...], no copy

@@ -97,7 +97,7 @@ def test_cartpole_learns_through_the_full_stack(tmp_path):
 def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     out = tmp_path / "pong"
     common = [
-        *"--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 10".split(),
+        *"--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 10 --compile off".split(),
         *f"--log-interval 1 --out {out} --launch-type test_mp".split(),
     ]
     text = run_bench(*common, "--total-frames", "2400", timeout=300)

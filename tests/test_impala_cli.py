@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,9 +74,10 @@ def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp
     out = str(tmp_path / "run")
     rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out)
     assert rc == 0, err
-    assert text.startswith(
-        f"IMPALA on CartPole-v1: model mlp, 2,000 frames, 1 actor(s) x 1 workers x 4 envs, cpu, out {out}"
-    )
+    assert text.startswith(f"IMPALA on CartPole-v1: model mlp, 2,000 frames, out {out}")
+    assert re.search(
+        r"plan for \d+ core\(s\), cpu: 1 actor\(s\) x 1 env workers x 4 envs, learner 1 thread\(s\), eager, fp32", text
+    ), text
     assert os.path.exists(os.path.join(out, "config.json"))
     rc, _, err = bench("--env", "ALE/Pong-v5", *SMALL, "--out", out)
     assert rc == 2 and f"--out {out} already holds a run of 'CartPole-v1'; continue it with --resume" in err

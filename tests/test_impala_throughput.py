@@ -10,9 +10,7 @@ import re
 import pytest
 from test_impala import run_bench_status
 
-TINY = (
-    "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 5 --total-frames 3000".split()
-)
+TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 5 --total-frames 3000 --compile off".split()
 
 
 @pytest.mark.slow

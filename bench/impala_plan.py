@@ -1,0 +1,91 @@
+"""How bench.impala fills the machine: from the cores this process may run on (its
+affinity, not the machine's count) and the device, how many actors, env workers,
+environments per worker and learner threads to run, and whether the learner runs
+compiled and in bf16. Every option the user gave wins; the job prints the plan as one
+line before it starts.
+
+The rules, and the measurements behind them (this repository's 2-core CPU machine,
+torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side):
+
+- CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 takes
+  0.5-1.2 s; two env workers make 10K+ frames/s), so it gets every core as torch
+  threads (an MLP's tiny update gets one) and the actors one actor with one worker per
+  core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
+  convolutional models (1.5x per update after about 20 s of compiling); not for the
+  MLP, whose update is overhead, nor for the LSTM core's step loop.
+- CUDA: the GPU does the learner's arithmetic, so the cores go to the environments:
+  one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
+  environments each, the learner's host side on one thread. bf16 autocast.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Plan", "make_plan", "usable_cores", "cpu_has_bf16"]
+
+AUTO = "auto"
+ENVS_PER_WORKER = 16
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; a container's cpuset counts)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated and slower."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+@dataclass(frozen=True)
+class Plan:
+    cores: int
+    device: str
+    num_actors: int
+    num_workers: int
+    envs_per_worker: int
+    learner_threads: int
+    compile: bool
+    bf16: bool
+
+
+def make_plan(args: Any, cores: int | None = None) -> Plan:
+    """The plan for ``args`` (bench.impala's ``Args``): its non-zero counts and its
+    ``on``/``off`` switches are kept, ``0`` and ``auto`` are chosen here."""
+    cores = usable_cores() if cores is None else cores
+    cuda = args.device.startswith("cuda")
+    conv = args.model in ("shallow", "deep")
+    if cuda:
+        actors = max(1, cores // 8)
+        workers = max(1, (cores - 1 - actors) // actors)
+        threads = 1
+    else:
+        actors = max(1, cores // 8)
+        workers = max(1, cores // (2 * actors)) if cores > 2 else max(1, cores)
+        threads = (cores if cores <= 2 else max(1, cores // 2)) if conv else 1
+    actors = args.num_actors or actors
+    workers = args.num_workers or workers
+    envs = args.envs_per_worker or ENVS_PER_WORKER
+    threads = args.learner_threads or threads
+    compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
+    bf16 = _switch(args.bf16, "bf16", cuda and conv)
+    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16)
+
+
+def _switch(value: str, name: str, default: bool) -> bool:
+    if value == AUTO:
+        return default
+    if value in ("on", "off"):
+        return value == "on"
+    raise ValueError(f"--{name} must be auto, on or off, got {value!r}")

@@ -1,0 +1,186 @@
+"""The learner's speed paths on the CPU: the double-buffered stager (the GPU's data path,
+run with plain buffers) gives the same update as reading the slots in place and frees
+the slots before the update; weights are published every ``publish_every`` updates;
+bf16 autocast gives gradients close to fp32's; a compiled loss gives the same loss as
+eager; the plan fills the cores it is given."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+
+from bench.impala_plan import make_plan
+from learners import make_model
+from learners.learner import Learner, LearnerConfig
+from learners.transfer import BatchStager, WeightPublisher
+from shmpad.ringbuf import TypedRing, WeightStore
+from tests.test_learner import OBS, A, B, T, _fill, _spec
+
+
+@pytest.fixture
+def ring(shm_leak_check):
+    r = TypedRing.create(_spec(), capacity=4 * B)
+    yield r
+    r.close()
+
+
+def _learner(ring, weights=None, model="mlp", obs=OBS, **kw) -> Learner:
+    torch.manual_seed(0)
+    return Learner(make_model(model, obs, A), ring, LearnerConfig(batch_size=B, **kw), weights)
+
+
+def test_staged_update_equals_the_in_place_update(ring):
+    plain, staged = _learner(ring), _learner(ring)
+    staged.stager = BatchStager("cpu")
+    for seed in range(3):  # both buffers, then the first again
+        _fill(ring, B, seed)
+        a = plain.step(timeout=5)
+        _fill(ring, B, seed)
+        b = staged.step(timeout=5)
+        assert torch.equal(a.total, b.total)
+    for p, q in zip(plain.model.parameters(), staged.model.parameters()):
+        assert torch.equal(p, q)
+    assert staged.stager.batches == 3
+    assert (staged.statistics().episodes, staged.statistics().frames) == (3 * B, 3 * B * T)
+
+
+def test_the_stager_copies_so_the_slots_can_be_reused_at_once(ring):
+    stager = BatchStager("cpu")
+    _fill(ring, B, 0)
+    batch = ring.get_batch(B, timeout=5, torch=True)
+    i = stager.stage(batch)
+    expected = {k: v.clone() for k, v in batch.items()}
+    ring.release()
+    _fill(ring, B, 1)  # overwrites the slots the batch came from
+    got = stager.to_device(i)
+    for k in expected:
+        assert torch.equal(got[k], expected[k]), k
+    ring.get_batch(B, timeout=5)
+    ring.release()
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_weights_are_published_every_n_updates(ring, every):
+    store = WeightStore.create(make_model("mlp", OBS, A))
+    try:
+        learner = _learner(ring, store, publish_every=every)
+        assert store.version == 1
+        for step in range(1, 7):
+            _fill(ring, B, step)
+            learner.step(timeout=5)
+            assert store.version == 1 + step // every
+        pulled = make_model("mlp", OBS, A)
+        store.pull(pulled)
+        for a, b in zip(pulled.parameters(), learner.model.parameters()):
+            assert torch.equal(a, b)  # 6 is a multiple of both: the store holds the latest
+    finally:
+        store.close()
+
+
+def test_publish_every_is_checked(ring):
+    with pytest.raises(ValueError, match="publish_every must be an int >= 1, got 0"):
+        LearnerConfig(publish_every=0).check()
+    with pytest.raises(ValueError, match=r"publish_every must be an int >= 1 \(updates between publishes\), got 2.5"):
+        WeightPublisher(make_model("mlp", OBS, A), None, 2.5)
+
+
+def _pixel_batch(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "obs": torch.randint(0, 255, (T + 1, B, 4, 84, 84), generator=g, dtype=torch.uint8),
+        "action": torch.randint(0, A, (T + 1, B), generator=g),
+        "reward": torch.randn(T + 1, B, generator=g),
+        "done": torch.zeros(T + 1, B, dtype=torch.uint8),
+        "logits": torch.randn(T + 1, B, A, generator=g),
+        "episode_return": torch.zeros(T + 1, B),
+        "episode_end": torch.zeros(T + 1, B, dtype=torch.uint8),
+    }
+
+
+def _grads(learner: Learner, batch) -> torch.Tensor:
+    learner._compute_loss(batch)
+    return torch.cat([p.grad.flatten() for p in learner.model.parameters()])
+
+
+def test_bf16_gradients_match_fp32(ring):
+    """bf16 keeps 8 bits of mantissa: the gradient of the Nature CNN's loss stays within
+    5% (relative L2) of fp32's, and points the same way (cosine > 0.99)."""
+    batch = _pixel_batch(0)
+    fp32 = _grads(_learner(ring, model="shallow", obs=(4, 84, 84)), batch)
+    bf16 = _grads(_learner(ring, model="shallow", obs=(4, 84, 84), bf16=True), batch)
+    assert bf16.dtype == torch.float32  # the parameters and their gradients stay fp32
+    rel = float((bf16 - fp32).norm() / fp32.norm())
+    cos = float(torch.nn.functional.cosine_similarity(bf16, fp32, dim=0))
+    assert rel < 0.05 and cos > 0.99, (rel, cos)
+    assert not torch.equal(bf16, fp32)  # autocast did run in bf16
+
+
+@pytest.mark.slow
+def test_compiled_loss_matches_eager(ring):
+    batch = _pixel_batch(1)
+    eager = _learner(ring, model="shallow", obs=(4, 84, 84))
+    compiled = _learner(ring, model="shallow", obs=(4, 84, 84), compile=True)
+    a, b = eager._compute_loss(batch), compiled._compute_loss(batch)
+    assert compiled.compiled, "torch.compile fell back to eager"
+    torch.testing.assert_close(b.total, a.total, rtol=1e-4, atol=1e-5)
+    ga = torch.cat([p.grad.flatten() for p in eager.model.parameters()])
+    gb = torch.cat([p.grad.flatten() for p in compiled.model.parameters()])
+    torch.testing.assert_close(gb, ga, rtol=1e-3, atol=1e-5)
+
+
+def test_a_failing_compile_falls_back_to_eager_once(ring, capsys, monkeypatch):
+    learner = _learner(ring)
+
+    def broken(batch):
+        raise RuntimeError("no compiler here")
+
+    learner._loss_fn = broken
+    _fill(ring, B, 0)
+    learner.step(timeout=5)
+    assert not learner.compiled and learner._loss_fn == learner._loss
+    assert "torch.compile failed (RuntimeError: no compiler here); running eager" in capsys.readouterr().out
+
+
+def _args(**kw):
+    base = dict(
+        device="cpu",
+        model="shallow",
+        use_lstm=False,
+        num_actors=0,
+        num_workers=0,
+        envs_per_worker=0,
+        learner_threads=0,
+        compile="auto",
+        bf16="auto",
+    )
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "kw, cores, expected",
+    [
+        (dict(), 2, (1, 2, 16, 2, True, False)),  # this machine: the learner takes both cores
+        (dict(model="mlp"), 2, (1, 2, 16, 1, False, False)),
+        (dict(), 16, (2, 4, 16, 8, True, False)),
+        (dict(device="cuda"), 16, (2, 6, 16, 1, False, True)),
+        (dict(device="cuda", num_actors=4, compile="on", bf16="off"), 16, (4, 6, 16, 1, True, False)),
+        (dict(num_workers=3, envs_per_worker=8, learner_threads=1), 2, (1, 3, 8, 1, True, False)),
+    ],
+)
+def test_the_plan_fills_the_cores_and_keeps_what_was_given(kw, cores, expected):
+    p = make_plan(_args(**kw), cores=cores)
+    assert (p.num_actors, p.num_workers, p.envs_per_worker, p.learner_threads, p.compile, p.bf16) == expected
+
+
+def test_the_plan_refuses_a_bad_switch():
+    with pytest.raises(ValueError, match="--compile must be auto, on or off, got 'yes'"):
+        make_plan(_args(compile="yes"), cores=2)
+
+
+def test_usable_cores_follows_the_affinity():
+    from bench.impala_plan import usable_cores
+
+    assert usable_cores() == len(os.sched_getaffinity(0))
