@@ -28,7 +28,7 @@ import torch
 
 from actors.pool.pool import EnvPool, HalfBatch
 from actors.rollout import RolloutWriter
-from actors.trajectory import CORE_STATE_PREFIX, STEP_FIELDS
+from actors.trajectory import CORE_STATE_PREFIX, POLICY_VERSION, STEP_FIELDS
 from shmpad.ringbuf import WeightStore
 
 __all__ = ["BatchedInference", "InferenceStatistics", "sample_actions"]
@@ -117,6 +117,7 @@ class BatchedInference:
         t2 = time.perf_counter_ns()
         if self.rollouts is not None:
             rows = _rows(batch, logits)
+            rows[POLICY_VERSION] = self._version
             for i, s in enumerate(core_state):
                 rows[f"{CORE_STATE_PREFIX}{i}"] = s.transpose(0, 1).float().cpu().numpy()  # [B/2, layers, hidden]
             self.rollouts.add(batch.half, rows)

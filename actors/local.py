@@ -22,6 +22,7 @@ from actors.envs.config import EnvConfig
 from actors.envs.spec import seed_sequence
 from actors.inference import sample_actions
 from actors.rollout import RolloutWriter
+from actors.trajectory import POLICY_VERSION
 from shmpad.errors import Closed, EnvWorkerError, Timeout
 from shmpad.launch.process import Child, Restarts, spawn
 from shmpad.ringbuf import TypedRing, WeightStore, janitor
@@ -71,6 +72,7 @@ def run_actor(
                 logits = model(torch.from_numpy(rows["obs"]))[0]
                 rows["action"][:] = sample_actions(logits, generator).numpy()
                 rows["logits"][:] = logits.numpy()
+            rows[POLICY_VERSION] = version
             _add(writer, rows, should_stop)
             for i, env in enumerate(envs):
                 r, done, over = env.step(rows["action"][i], rows["obs"][i])

@@ -27,6 +27,7 @@ from shmpad._checks import check_int
 
 __all__ = [
     "CORE_STATE_PREFIX",
+    "POLICY_VERSION",
     "STEP_FIELDS",
     "core_state_fields",
     "frames_per_step",
@@ -37,6 +38,10 @@ __all__ = [
 
 STEP_FIELDS = ("obs", "action", "reward", "done", "episode_return", "episode_step", "episode_end")
 """the fields of one environment step, in slot order"""
+
+POLICY_VERSION = "policy_version"
+"""the weight-store version of the policy that chose each row's action: the learner
+turns it into the policy lag (how many updates behind the learner the actors acted)"""
 
 CORE_STATE_PREFIX = "core_state_"
 """fields named ``core_state_<i>`` hold the ``i``-th core state tensor at the start of the unroll"""
@@ -77,6 +82,7 @@ def trajectory_spec(
         fields[name] = (dtype.type, (n, *shape))  # [T+1, ...]
         if name == "done":
             fields["logits"] = (np.float32, (n, num_logits))  # [T+1, A], the behaviour policy's
+            fields[POLICY_VERSION] = (np.int64, (n,))  # [T+1], the weight-store version that acted
     for i, shape in enumerate(core_state_shapes or ()):
         shape = tuple(shape)
         if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in shape):

@@ -41,7 +41,7 @@ from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_p
 from bench import rundir
 from bench.cli import explicit_options, parser_for
 from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
-from bench.impala_log import CSV_COLUMNS, last_seconds, plot, progress, progress_line
+from bench.impala_log import CSV_COLUMNS, EPISODE_COLUMNS, csv_header, last_seconds, plot, progress, progress_line
 from bench.impala_plan import make_plan
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
@@ -72,7 +72,9 @@ class Args:
     optimizer: str = "adam"
     """the optimiser"""
     learning_rate: float = 6e-4
-    """initial learning rate, decayed linearly to 0 over total_frames"""
+    """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
+    lr_decay_frames: int = 0
+    """frames over which the learning rate decays linearly to 0 (0: --total-frames); published IMPALA runs decay over 200M whatever they stop at"""
     entropy_cost: float = 6e-4
     """weight of the entropy bonus"""
     baseline_cost: float = 0.5
@@ -203,7 +205,7 @@ def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
         reduction=args.reduction,
-        total_frames=args.total_frames,
+        total_frames=args.lr_decay_frames or args.total_frames,
         frames_per_step=frames_per_step,
         publish_every=args.publish_every,
         compile=args.compile == "on",
@@ -297,12 +299,16 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
         print(f"joining group {args.group!r} at {args.peers} as {learner.accumulator.name}", flush=True)
     log_path = os.path.join(args.out, "log.csv")
+    episodes_path = os.path.join(args.out, "episodes.csv")
     new_log = not (args.resume and os.path.exists(log_path))
     stop = lp.stop_event()
-    with open(log_path, "w" if new_log else "a", newline="") as f:
-        log = csv.DictWriter(f, CSV_COLUMNS)
+    with open(log_path, "w" if new_log else "a", newline="") as f, open(episodes_path, "w" if new_log else "a") as ep:
+        # a resumed log keeps the columns it was started with
+        log = csv.DictWriter(f, CSV_COLUMNS if new_log else csv_header(log_path), extrasaction="ignore")
+        episodes = csv.writer(ep)
         if new_log:
             log.writeheader()
+            episodes.writerow(EPISODE_COLUMNS)
         start = time.monotonic()
         last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
         last_checkpoint = start
@@ -311,11 +317,14 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
                 learner.step(timeout=1.0)
             except Timeout:
                 pass
+            episodes.writerows((learner.frames, r) for r in learner.new_returns)
+            learner.new_returns.clear()
             now = time.monotonic()
             if now - last["t"] >= args.log_interval or learner.frames >= args.total_frames:
                 row = progress(learner, trajectories, last, now, seconds_before + now - start)
                 log.writerow(row)
                 f.flush()
+                ep.flush()
                 print(progress_line(row), flush=True)
             if now - last_checkpoint >= 60 * args.checkpoint_minutes:
                 learner.save(checkpoint)
@@ -323,7 +332,7 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         learner.save(checkpoint)
     if learner.accumulator is not None:
         learner.accumulator.close()
-    plot(log_path, os.path.join(args.out, "curve.png"), args.env)
+    plot(log_path, os.path.join(args.out, "curve.png"), args.env, episodes_path)
     if learner.frames >= args.total_frames:
         print(
             f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}",

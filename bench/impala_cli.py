@@ -25,6 +25,7 @@ HELP_GROUPS = {
         "batch_size",
         "optimizer",
         "learning_rate",
+        "lr_decay_frames",
         "entropy_cost",
         "baseline_cost",
         "discount",

@@ -1,8 +1,9 @@
 """The learner's framework cost, for ``bench.impala_throughput``.
 
-``bare``: a plain torch loop on one ready batch (the same model, ``impala_loss``,
-backward, gradient clipping and optimiser step; the batch is built once as
-time-major ``[T+1, B, ...]`` tensors). ``ring``: ``Learner.step()`` fed from a
+``bare``: ``Learner.update`` on one ready batch, over and over: the same model, loss,
+backward, clipping and optimiser step, compiled and in bf16 as the job's plan says, but
+no ring, no staging and no publishing (the batch is built once as time-major
+``[T+1, B, ...]`` tensors on the learner's device). ``ring``: ``Learner.step()`` fed from a
 ``TypedRing`` that a forked producer keeps full with copies of one prepared unroll,
 publishing to a ``WeightStore`` after each update, as in the real program. Each
 runs ``LEARNER_SECONDS`` s in a process tree of its own (``bench.harness.in_own_tree``).
@@ -22,7 +23,6 @@ import shmpad as lp
 from actors.trajectory import trajectory_spec
 from bench import impala
 from learners.learner import Learner
-from learners.loss import impala_loss
 from shmpad.ringbuf import TypedRing, WeightStore
 
 __all__ = ["LEARNER_SECONDS", "LEARNER_SUBJECTS"]
@@ -63,46 +63,17 @@ def _updates_per_s(step: Callable[[], None]) -> tuple[float, float]:
 
 def _bare_loop(args: Any, spec) -> dict:
     torch.set_num_threads(args.learner_threads)
-    model = impala.build_model(args, spec.obs_shape, spec.num_actions).train()
-    config = impala.learner_config(args, 1)
-    if config.optimizer == "adam":
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
-    else:
-        optimizer = torch.optim.RMSprop(
-            model.parameters(),
-            lr=config.learning_rate,
-            alpha=config.rmsprop_alpha,
-            eps=config.rmsprop_eps,
-            momentum=config.rmsprop_momentum,
-        )
-    unroll = _prepared_unroll(args, spec)
-    batch = {k: torch.from_numpy(np.stack([v] * args.batch_size, axis=1)) for k, v in unroll.items()}  # [T+1, B, ...]
-
-    def step() -> None:
-        done = batch["done"].bool()  # [T+1, B]
-        out = model(batch["obs"], done)
-        loss = impala_loss(
-            behaviour_logits=batch["logits"][:-1],
-            target_logits=out.policy_logits[:-1],
-            actions=batch["action"][:-1].long(),
-            rewards=batch["reward"][1:],
-            done=done[1:],
-            values=out.baseline[:-1],
-            bootstrap_value=out.baseline[-1],
-            discount=config.discount,
-            reward_clip=config.reward_clip,
-            baseline_cost=config.baseline_cost,
-            entropy_cost=config.entropy_cost,
-            reduction=config.reduction,
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.total.backward()
-        if config.grad_norm_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_norm_clip)
-        optimizer.step()
-
-    rate, _ = _updates_per_s(step)
-    return {"updates_per_s": rate, "wait_share": 0.0}
+    ring = TypedRing.create(trajectory_spec(spec, args.unroll_length), args.batch_size)  # for its spec only
+    try:
+        model = impala.build_model(args, spec.obs_shape, spec.num_actions)
+        learner = Learner(model, ring, impala.learner_config(args, 1), None, args.device)
+        unroll = _prepared_unroll(args, spec)
+        batch = {k: torch.from_numpy(np.stack([v] * args.batch_size, axis=1)) for k, v in unroll.items()}  # [T+1, B]
+        batch = {k: v.to(learner.device) for k, v in batch.items()}
+        rate, _ = _updates_per_s(lambda: learner.update(batch))
+        return {"updates_per_s": rate, "wait_share": 0.0}
+    finally:
+        ring.close()
 
 
 def _ring_learner(args: Any, spec) -> dict:

@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from typing import Any
 
-__all__ = ["CSV_COLUMNS", "bound", "last_seconds", "plot", "progress", "progress_line"]
+__all__ = [
+    "CSV_COLUMNS",
+    "EPISODE_COLUMNS",
+    "bound",
+    "csv_header",
+    "last_seconds",
+    "plot",
+    "progress",
+    "progress_line",
+    "score_range",
+]
 
 CSV_COLUMNS = [
     "frames",
@@ -23,7 +34,13 @@ CSV_COLUMNS = [
     "learning_rate",
     "loss",
     "group_size",
+    "policy_lag",
 ]
+EPISODE_COLUMNS = ["frames", "return"]
+"""episodes.csv: every finished episode's true return, at the learner's frame count"""
+
+SCORE_RANGES = {"Pong": (-21, 21), "Boxing": (-100, 100), "Tennis": (-24, 24), "CartPole": (0, 500)}
+"""games whose score range is known: the curve's y axis spans it, so noise looks like noise"""
 
 
 def progress(learner: Any, trajectories, last: dict, now: float, seconds: float) -> dict:
@@ -43,16 +60,31 @@ def progress(learner: Any, trajectories, last: dict, now: float, seconds: float)
         "learning_rate": f"{s.learning_rate:.3g}",
         "loss": round(s.last_loss.get("total", float("nan")), 4),
         "group_size": learner.accumulator.size if learner.accumulator is not None else 1,
+        "policy_lag": _interval_lag(s, last),
     }
-    last.update(t=now, frames=s.frames, steps=s.steps, wait=s.wait_seconds)
+    last.update(
+        t=now,
+        frames=s.frames,
+        steps=s.steps,
+        wait=s.wait_seconds,
+        lag_sum=s.policy_lag_sum,
+        lag_batches=s.policy_lag_batches,
+    )
     return row
+
+
+def _interval_lag(s: Any, last: dict) -> Any:
+    batches = s.policy_lag_batches - last.get("lag_batches", 0)
+    return round((s.policy_lag_sum - last.get("lag_sum", 0.0)) / batches, 2) if batches else ""
 
 
 def progress_line(row: dict) -> str:
     ret = "-" if row["mean_return"] == "" else f"{row['mean_return']:.2f}"
+    lag = "" if row.get("policy_lag", "") == "" else f"  lag {row['policy_lag']:.1f} upd"
     return (
         f"frames {row['frames']:>10,}  fps {row['fps']:>8,.0f}  learner steps/s {row['steps_per_s']:6.2f}  "
         f"return(100) {ret:>7}  episodes {row['episodes']:>6}  {bound(row['queue_fill'], row['wait_fraction'])}"
+        + lag
         + (f"  group {row['group_size']}" if row["group_size"] != 1 else "")
     )
 
@@ -69,6 +101,12 @@ def bound(queue_fill: float, wait_fraction: float) -> str:
     return f"{role}: queue {queue_fill:4.0%} full, learner waits {wait_fraction:4.0%}"
 
 
+def csv_header(path: str) -> list[str]:
+    """The columns of an existing CSV file (a log written by an older version keeps its own)."""
+    with open(path, newline="") as f:
+        return next(csv.reader(f), CSV_COLUMNS)
+
+
 def last_seconds(log_path: str) -> float:
     try:
         with open(log_path) as f:
@@ -78,20 +116,61 @@ def last_seconds(log_path: str) -> float:
         return 0.0
 
 
-def plot(log_path: str, png_path: str, title: str) -> None:
+def score_range(env_id: str) -> tuple[float, float] | None:
+    for game, span in SCORE_RANGES.items():
+        if game in env_id:
+            return span
+    return None
+
+
+def plot(log_path: str, png_path: str, title: str, episodes_path: str | None = None) -> None:
+    """The learning curve: every episode's return faintly (from ``episodes_path``), the
+    mean of the last 100 as a line, and below it how many episodes each point stands on.
+    The y axis spans the game's score range where it is known (Pong: -21..21), else at
+    least 10% of the returns' own scale, so that the noise of a few episodes never looks
+    like learning; the x axis starts at frame 0, so frames before the first finished
+    episode show as the gap they are."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     with open(log_path) as f:
-        rows = [r for r in csv.DictReader(f) if r["mean_return"] != ""]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([int(r["frames"]) for r in rows], [float(r["mean_return"]) for r in rows])
-    ax.set_xlabel("environment frames")
-    ax.set_ylabel("mean return (last 100 episodes)")
+        rows = list(csv.DictReader(f))
+    scored = [r for r in rows if r["mean_return"] != ""]
+    episodes: list[tuple[int, float]] = []
+    if episodes_path and os.path.exists(episodes_path):
+        with open(episodes_path) as f:
+            episodes = [(int(r["frames"]), float(r["return"])) for r in csv.DictReader(f)]
+    fig, (ax, ax_n) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True, gridspec_kw={"height_ratios": [4, 1]})
+    if episodes:
+        ax.scatter(
+            [e[0] for e in episodes], [e[1] for e in episodes], s=3, alpha=0.15, color="gray", lw=0, label="one episode"
+        )
+    xs = [int(r["frames"]) for r in scored]
+    ax.plot(xs, [float(r["mean_return"]) for r in scored], color="C0", label="mean of the last 100 episodes")
+    values = [e[1] for e in episodes] or [float(r["mean_return"]) for r in scored]
+    span = score_range(title)
+    if span is not None:
+        pad = 0.03 * (span[1] - span[0])
+        ax.set_ylim(span[0] - pad, span[1] + pad)
+    elif values:
+        lo, hi = min(values), max(values)
+        half = max(hi - lo, 0.1 * max(abs(lo), abs(hi)), 1.0) / 2
+        mid = (lo + hi) / 2
+        ax.set_ylim(mid - 1.1 * half, mid + 1.1 * half)
+    last_frames = int(rows[-1]["frames"]) if rows else 1
+    ax.set_xlim(0, max(last_frames, 1))
+    ax.set_ylabel("true return")
     ax.set_title(f"IMPALA on {title}")
     ax.grid(True, alpha=0.3)
+    if scored or episodes:
+        ax.legend(loc="upper left", fontsize=8)
+    ax_n.plot(xs, [min(100, int(r["episodes"])) for r in scored], color="C1")
+    ax_n.set_ylim(0, 105)
+    ax_n.set_ylabel("episodes\nin mean", fontsize=8)
+    ax_n.set_xlabel("environment frames")
+    ax_n.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)

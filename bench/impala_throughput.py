@@ -80,7 +80,7 @@ def run(args: Any) -> dict:
     for r in range(ROUNDS):
         order = ("bare", "ring") if r % 2 == 0 else ("ring", "bare")
         got = {
-            name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 120)
+            name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 300)
             for name in order
         }
         bare.append(got["bare"])

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from actors.trajectory import core_state_fields, unroll_length
+from actors.trajectory import POLICY_VERSION, core_state_fields, unroll_length
 from learners.loss import ImpalaLoss, impala_loss
 from learners.models import ActorCritic, ModelOutput
 from learners.transfer import BatchStager, WeightPublisher
@@ -108,6 +108,11 @@ class LearnerStatistics:
     """time spent in forward, backward and the optimiser"""
     learning_rate: float
     last_loss: dict
+    policy_lag_sum: float = 0.0
+    """the sum over batches of each batch's mean policy lag: how many updates older than the
+    learner the weights that chose the actions were"""
+    policy_lag_batches: int = 0
+    """the batches whose policy lag is in ``policy_lag_sum``"""
 
 
 class Learner:
@@ -167,6 +172,10 @@ class Learner:
         self.frames = 0
         self.episodes = 0
         self.returns: collections.deque[float] = collections.deque(maxlen=100)
+        self.new_returns: list[float] = []
+        """every episode's true return as it ends, for the caller to take (and clear)"""
+        self._lag_sum = 0.0
+        self._lag_batches = 0
         self._wait_s = 0.0
         self._update_s = 0.0
         self._last_loss: ImpalaLoss | None = None  # tensors: read (and synchronised) only by statistics()
@@ -179,7 +188,7 @@ class Learner:
         complete yet, or the reduction was abandoned because the group changed"""
         self.publisher = WeightPublisher(self.model, weights, config.publish_every) if weights is not None else None
         if self.publisher is not None:
-            self.publisher.publish()
+            self.publisher.publish(self.steps)
 
     def join_group(self, broker: str, group: str = "default", **kwargs: Any) -> None:
         """Average gradients with the other learners of ``group`` at ``broker``
@@ -197,7 +206,7 @@ class Learner:
                 self._wait_s += time.perf_counter() - t0
                 raise Timeout(f"the learner's group did not become ready within {timeout} s")
             if self.accumulator.version != version and self.publisher is not None:
-                self.publisher.publish()  # the group's state replaced ours
+                self.publisher.publish(self.steps)  # the group's state replaced ours
         batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
         t1 = time.perf_counter()
         if self.stager is None:
@@ -239,7 +248,7 @@ class Learner:
         self.scheduler.step()
         self.steps += 1
         if self.publisher is not None:
-            self.publisher()
+            self.publisher(self.steps)
         return loss
 
     def _compute_loss(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
@@ -284,12 +293,19 @@ class Learner:
         return self.model(batch["obs"], batch["done"].bool(), core_state)
 
     def _count_episodes(self, batch: dict[str, torch.Tensor]) -> None:
+        """Episodes that ended and the policy lag of a batch (CPU tensors, time-major)."""
         # rows 1..T: row 0 repeats the previous unroll's last row
         ended = batch["episode_end"][1:].bool()
         if ended.any():
-            returns = batch["episode_return"][1:][ended]
-            self.returns.extend(returns.tolist())
-            self.episodes += int(ended.sum())
+            returns = batch["episode_return"][1:][ended].tolist()
+            self.returns.extend(returns)
+            self.new_returns.extend(returns)
+            self.episodes += len(returns)
+        if self.publisher is not None and POLICY_VERSION in batch and batch[POLICY_VERSION].device.type == "cpu":
+            lag = self.publisher.lag(batch[POLICY_VERSION][1:], self.steps)
+            if lag is not None:
+                self._lag_sum += lag
+                self._lag_batches += 1
 
     def statistics(self) -> LearnerStatistics:
         mean = sum(self.returns) / len(self.returns) if self.returns else float("nan")
@@ -302,6 +318,8 @@ class Learner:
             self._update_s,
             self.optimizer.param_groups[0]["lr"],
             {} if self._last_loss is None else {k: float(v) for k, v in self._last_loss._asdict().items()},
+            self._lag_sum,
+            self._lag_batches,
         )
 
     # -- checkpoints -------------------------------------------------------------------
@@ -327,7 +345,7 @@ class Learner:
         self.episodes = int(state["episodes"])
         self.returns = collections.deque(state["returns"], maxlen=100)
         if self.publisher is not None:
-            self.publisher.publish()
+            self.publisher.publish(self.steps)
 
     def save(self, path: str) -> None:
         """Write a checkpoint atomically (a crash mid-write leaves the previous one)."""

@@ -118,22 +118,24 @@ class WeightPublisher:
         self._host: dict[str, torch.Tensor] | None = None
         self._event = _event(self.device)
         self._pending = False
+        self._pending_steps = 0
         self.publishes = 0
+        self.steps_at: dict[int, int] = {}
+        """weight-store version -> the learner's update count it holds (the newest versions)"""
 
-    def __call__(self) -> None:
-        """One update happened: publish if it is the ``every``-th."""
+    def __call__(self, steps: int) -> None:
+        """Update number ``steps`` happened: publish if it is the ``every``-th."""
         self._calls += 1
         if self._pending and self._event.query():
             self._write()
         if self._calls % self.every == 0:
-            self.publish(wait=False)
+            self.publish(steps, wait=False)
 
-    def publish(self, wait: bool = True) -> None:
-        """Publish now: from the CPU at once; from a GPU the copy is issued and written
-        when complete (at once with ``wait``, else at a later call)."""
+    def publish(self, steps: int, wait: bool = True) -> None:
+        """Publish the weights after ``steps`` updates now: from the CPU at once; from a GPU
+        the copy is issued and written when complete (at once with ``wait``, else later)."""
         if not self._cuda:
-            self.store.publish(self.model)
-            self.publishes += 1
+            self._record(self.store.publish(self.model), steps)
             return
         if self._pending:
             if not wait and not self._event.query():
@@ -146,11 +148,25 @@ class WeightPublisher:
             self._host[k].copy_(v.detach(), non_blocking=True)
         self._event.record()
         self._pending = True
+        self._pending_steps = steps
         if wait:
             self._write()
 
     def _write(self) -> None:
         self._event.synchronize()
-        self.store.publish(self._host)
         self._pending = False
+        self._record(self.store.publish(self._host), self._pending_steps)
+
+    def _record(self, version: int, steps: int) -> None:
         self.publishes += 1
+        self.steps_at[version] = steps
+        if len(self.steps_at) > 4096:  # actors never act with weights that old
+            del self.steps_at[min(self.steps_at)]
+
+    def lag(self, versions: torch.Tensor, steps: int) -> float | None:
+        """Mean updates between the weights that acted (``versions``, CPU) and ``steps``;
+        ``None`` if no version is known (a batch from before this learner published)."""
+        values, counts = torch.unique(versions, return_counts=True)
+        pairs = [(steps - self.steps_at[v], n) for v, n in zip(values.tolist(), counts.tolist()) if v in self.steps_at]
+        total = sum(n for _, n in pairs)
+        return sum(lag * n for lag, n in pairs) / total if total else None

@@ -31,7 +31,7 @@ def _spec():
     )
 
 
-def _fill(ring: TypedRing, n: int, seed: int) -> None:
+def _fill(ring: TypedRing, n: int, seed: int, policy_version: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(n):
         slot = ring.reserve(timeout=5)
@@ -45,6 +45,7 @@ def _fill(ring: TypedRing, n: int, seed: int) -> None:
         slot["episode_end"][...] = 0
         slot["episode_end"][0] = 1  # row 0 repeats the previous unroll's last row: not counted again
         slot["episode_end"][2] = 1
+        slot["policy_version"][...] = policy_version
         ring.commit()
 
 

@@ -184,3 +184,21 @@ def test_usable_cores_follows_the_affinity():
     from bench.impala_plan import usable_cores
 
     assert usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_policy_lag_counts_updates_between_acting_and_learning(ring):
+    store = WeightStore.create(make_model("mlp", OBS, A))
+    try:
+        learner = _learner(ring, store, publish_every=2)
+        # published: version 1 holds 0 updates, version 2 holds 2 (publish_every=2)
+        updates_in = {1: 0, 2: 2}
+        expected = []
+        for step, version in enumerate([1, 1, 1, 2, 2, 1]):
+            _fill(ring, B, step, policy_version=version)
+            learner.step(timeout=5)
+            expected.append(step - updates_in[version])  # the lag is taken before the update
+        s = learner.statistics()
+        assert expected == [0, 1, 2, 1, 2, 5]
+        assert (s.policy_lag_batches, s.policy_lag_sum) == (6, sum(expected))
+    finally:
+        store.close()

@@ -75,6 +75,8 @@ class EnvConfig:
         import gymnasium as gym
 
         _register_atari()
+        import actors.envs.spot  # noqa: F401 - registers shmpad/Spot-v0
+
         try:
             return gym.spec(self.env_id)
         except gym.error.Error:
