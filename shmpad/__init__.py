@@ -10,6 +10,7 @@ from shmpad.nodes.courier import CourierClient
 from shmpad.nodes.courier import CourierHandle
 from shmpad.nodes.courier import CourierNode
 from shmpad.nodes.courier import CourierServer
+from shmpad.rpc import batched_handler
 from shmpad.nodes.address import AbstractAddressBuilder
 from shmpad.nodes.address import Address
 from shmpad.nodes.address import SimpleLocalAddressBuilder
@@ -62,6 +63,7 @@ __all__ = [
     "Abandoned",
     "Address",
     "CourierServer",
+    "batched_handler",
     "LAUNCH_TYPE",
     "SimpleLocalAddressBuilder",
     "get_port_from_address",
