@@ -19,6 +19,8 @@ from shmpad.rpc import TcpRpcClient
 from shmpad.rpc import TcpRpcServer
 from shmpad.nodes.data import RingNode
 from shmpad.nodes.data import WeightStoreNode
+from shmpad.nodes.replay import ReplayClient
+from shmpad.nodes.replay import ReplayNode
 from shmpad.colocation import MultiProcessingColocation
 from shmpad.colocation import MultiThreadingColocation
 from shmpad.launch.flags import LAUNCH_TYPE
@@ -90,6 +92,8 @@ __all__ = [
     "PyNode",
     "PythonProcess",
     "RingNode",
+    "ReplayClient",
+    "ReplayNode",
     "WeightStoreNode",
     "WorkerManager",
     "launch",

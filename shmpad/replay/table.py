@@ -253,14 +253,20 @@ class Table:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def shutdown(self) -> None:
+        """Close the table for every process: calls raise ``Closed`` (those waiting
+        too); ``checkpoint`` still works. The segment stays until its owner closes."""
+        if self._ctl is not None:
+            self._ctl[index.CLOSED] = 1
+            notify_always(self._ctl, index.EV_CHANGED)
+
     def close(self) -> None:
-        """Unmap this handle; the owning handle also marks the table closed (waiting
-        calls raise ``Closed``) and removes the segment. Idempotent."""
+        """Unmap this handle; the owning handle also shuts the table down and removes
+        the segment. Idempotent."""
         if self._seg.words is None:
             return
         if self._seg.owned:
-            self._ctl[index.CLOSED] = 1
-            notify_always(self._ctl, index.EV_CHANGED)
+            self.shutdown()
         self._index = ()
         self._data = {}
         self._ctl = None
@@ -475,7 +481,8 @@ class Table:
     def checkpoint(self, path: str | os.PathLike) -> str:
         """Write every item (data, key, priority, times sampled, in insertion order) and
         the counters to ``path`` (a ``.npz``; written whole, then renamed into place)."""
-        self._check_open()
+        if self._ctl is None:
+            raise Closed(f"replay table {self.name!r}: this handle is closed")
         path = os.fspath(path)
         self._lock()
         try:
