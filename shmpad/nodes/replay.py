@@ -59,17 +59,22 @@ class ReplayClient:
         return next(iter(self._segments))
 
     def insert(
-        self, item: Mapping[str, Any], priority: float | Mapping[str, float] = 1.0, table: str | None = None
+        self,
+        item: Mapping[str, Any],
+        priority: float | Mapping[str, float] = 1.0,
+        table: str | None = None,
+        timeout: float | None = None,
     ) -> dict[str, int]:
         """Insert ``item`` into ``table`` with ``priority``, or (Reverb's form) into each
-        table of a ``{table: priority}`` dict; the key it got in each table."""
+        table of a ``{table: priority}`` dict; the key it got in each table. ``timeout``
+        bounds each table's wait for its rate limiter."""
         if isinstance(priority, Mapping):
             if table is not None:
                 raise ValueError("give priorities as a dict of table -> priority or a table=, not both")
             targets = dict(priority)
         else:
             targets = {self._only_table() if table is None else table: priority}
-        return {name: self.table(name).insert(item, p) for name, p in targets.items()}
+        return {name: self.table(name).insert(item, p, timeout=timeout) for name, p in targets.items()}
 
     def sample(self, table: str, batch_size: int, timeout: float | None = None, torch: bool = False) -> SampleBatch:
         return self.table(table).sample(batch_size, timeout=timeout, torch=torch)
