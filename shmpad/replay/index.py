@@ -269,17 +269,6 @@ def commit(t, slot, priority, exponent, max_times):
 
 
 @njit(nogil=True, cache=True)
-def abandon(t, slot):
-    """Give back WRITING ``slot`` unused (its insert failed)."""
-    ctl, state, owner, key, times, prio, prev, nxt, free, inflight, count_t, sum_t, min_t, max_t = t
-    state[slot] = FREE
-    free[ctl[FREE_TOP]] = slot
-    ctl[FREE_TOP] += 1
-    _drop_inflight(t, slot)
-    ctl[PENDING] -= 1
-
-
-@njit(nogil=True, cache=True)
 def sample(t, sampler, uniforms, max_times, slots, keys, probs, prios, times_out):
     """Choose ``len(uniforms)`` items one after another (an item sampled its
     ``max_times``-th time is deleted before the next choice); fills the out arrays."""

@@ -35,7 +35,7 @@ import numpy as np
 
 from shmpad._checks import check_int, deadline, type_name
 from shmpad.errors import Closed, Timeout
-from shmpad.replay import index, lock
+from shmpad.replay import index, lock, paths
 from shmpad.replay.rate_limiters import MinSize, RateLimiter
 from shmpad.replay.selectors import Fifo, Selector, Uniform, check_selector, from_dict
 from shmpad.ringbuf.mpmc import pid_alive
@@ -119,6 +119,14 @@ def _check_priority(priority: Any, what: str = "priority") -> float:
     if not (math.isfinite(p) and p >= 0):
         raise ValueError(f"{what} must be a finite number >= 0, got {p}")
     return p
+
+
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
+def _pid() -> int:
+    return _PID[0]
 
 
 class Table:
@@ -231,6 +239,8 @@ class Table:
         self._data = {
             f: arr("field:" + f, d, n * int(np.prod(s, dtype=np.int64))).reshape((n, *s)) for f, d, s in self.fields
         }
+        self._rows = tuple(a.reshape(-1).view(np.uint8) for a in self._data.values())
+        self._row_bytes = np.array([a[0].nbytes for a in self._data.values()], np.int64)
         self._seed = seed
         self._rng_pid = -1
         self._rng_: np.random.Generator | None = None
@@ -269,6 +279,7 @@ class Table:
             self.shutdown()
         self._index = ()
         self._data = {}
+        self._rows = ()
         self._ctl = None
         self._seg.close()
 
@@ -279,7 +290,7 @@ class Table:
             raise Closed(f"replay table {self.name!r} is closed")
 
     def _rng(self) -> np.random.Generator:
-        pid = os.getpid()
+        pid = _pid()
         if self._rng_pid != pid:  # a forked copy must not repeat its parent's choices
             self._rng_ = np.random.default_rng([pid] if self._seed is None else [self._seed, pid])
             self._rng_pid = pid
@@ -312,56 +323,64 @@ class Table:
 
     # -- inserting -------------------------------------------------------------------------
 
-    def _checked_item(self, item: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def _checked_item(self, item: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
+        """The item's fields as flat, writable uint8 arrays of the spec's dtypes."""
         if not isinstance(item, Mapping):
             raise TypeError(f"an item must be a dict of field -> array, got {type_name(item)}")
-        if set(item) != set(self.spec):
+        if len(item) != len(self.fields) or any(f not in item for f, _, _ in self.fields):
             missing = sorted(set(self.spec) - set(item))
             extra = sorted(set(item) - set(self.spec))
             raise ValueError(
                 f"replay table {self.name!r}: item fields must be {sorted(self.spec)}; missing {missing}, unknown {extra}"
             )
-        out = {}
+        out = []
         for f, dtype, shape in self.fields:
             a = _as_array(item[f])
             if a.shape != shape:
                 raise ValueError(f"replay table {self.name!r}: field {f!r} must have shape {shape}, got {a.shape}")
-            if not np.can_cast(a.dtype, dtype, casting="same_kind"):
-                raise TypeError(f"replay table {self.name!r}: field {f!r} is {dtype}, got {a.dtype}")
-            out[f] = a
-        return out
+            if a.dtype != dtype:
+                if not np.can_cast(a.dtype, dtype, casting="same_kind"):
+                    raise TypeError(f"replay table {self.name!r}: field {f!r} is {dtype}, got {a.dtype}")
+                a = a.astype(dtype)
+            elif not (a.flags.c_contiguous and a.flags.writeable):
+                a = a.copy()
+            out.append(a.reshape(-1).view(np.uint8))
+        return tuple(out)
 
     def insert(self, item: Mapping[str, Any], priority: float = 1.0, timeout: float | None = None) -> int:
         """Insert ``item`` with ``priority``; its key. Waits (up to ``timeout`` s) while
         the rate limiter holds inserts back; ``Timeout`` after that."""
-        arrays = self._checked_item(item)
+        src = self._checked_item(item)
         priority = _check_priority(priority)
-        until = deadline(timeout)
         self._check_open()
-        ctl = self._ctl
-        pid = os.getpid()
+        t, pid = self._index, _pid()
+        mts = self.max_times_sampled
+        args = (self._limits, self.remover.code, self._rng().random(), pid, mts, lock.SPINS)
+        slot = paths.reserve_and_copy(t, *args, False, self._rows, self._row_bytes, src)
+        if slot < 0:
+            slot = self._reserve_slowly(args, src, deadline(timeout))
+        key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, False)
+        if key == paths.BUSY:
+            self._lock()
+            key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, True)
+        return int(key)
+
+    def _reserve_slowly(self, args: tuple, src: tuple, until: float | None) -> int:
+        """Reserve and copy when the fast path could not: take the lock however long it
+        takes (rebuilding after a dead holder), free the slots of dead inserters when no
+        slot or the rate limiter is the trouble, wait for the table to change."""
+        ctl, t = self._ctl, self._index
         while True:
             seq = prepare_wait(ctl, index.EV_CHANGED)
             try:
                 self._lock()
-                try:
-                    slot = index.reserve(
-                        self._index, self._limits, self.remover.code, self._rng().random(), pid, self.max_times_sampled
-                    )
-                    if slot < 0 and len(self._dead_writers()):  # a dead inserter holds a reservation
-                        self._recover()
-                        slot = index.reserve(
-                            self._index,
-                            self._limits,
-                            self.remover.code,
-                            self._rng().random(),
-                            pid,
-                            self.max_times_sampled,
-                        )
-                finally:
-                    lock.release(ctl)
+                slot = paths.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
+                if slot < 0 and len(self._dead_writers()):  # a dead inserter holds a reservation
+                    self._lock()
+                    self._recover()
+                    slot = paths.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
                 if slot >= 0:
-                    break
+                    return slot
                 why = (
                     "the rate limiter holds inserts back"
                     if slot == index.RATE_LIMITED
@@ -371,19 +390,6 @@ class Table:
                 self._check_open()
             finally:
                 finish_wait(ctl, index.EV_CHANGED)
-        try:
-            for f, a in arrays.items():
-                np.copyto(self._data[f][slot : slot + 1], a[None], casting="same_kind")
-        except BaseException:
-            self._lock()
-            index.abandon(self._index, slot)
-            lock.release(ctl)
-            raise
-        self._lock()
-        key = index.commit(self._index, slot, priority, self._exponent, self.max_times_sampled)
-        lock.release(ctl)
-        notify(ctl, index.EV_CHANGED)
-        return int(key)
 
     # -- sampling ---------------------------------------------------------------------------
 
@@ -392,38 +398,32 @@ class Table:
         come more than once). Waits (up to ``timeout`` s) while the rate limiter holds
         samples back; ``Timeout`` after that. ``torch=True``: ``data`` as tensors."""
         b = check_int("batch_size", batch_size, 1, 1 << 20)
-        until = deadline(timeout)
         self._check_open()
-        ctl = self._ctl
+        ctl, t, pid = self._ctl, self._index, _pid()
         slots = np.empty(b, np.int64)
         keys = np.empty(b, np.int64)
         probs = np.empty(b, np.float64)
         prios = np.empty(b, np.float64)
         times = np.empty(b, np.int64)
         out = {f: np.empty((b, *s), d) for f, d, s in self.fields}
-        mts = self.max_times_sampled
-        while True:
-            seq = prepare_wait(ctl, index.EV_CHANGED)
-            try:
-                u = self._rng().random(b)
-                self._lock()
+        dst = tuple(a.reshape(-1).view(np.uint8) for a in out.values())
+        head = (self._limits, self.sampler.code)
+        tail = (self.max_times_sampled, pid, lock.SPINS)
+        rest = (self._rows, self._row_bytes, dst, slots, keys, probs, prios, times)
+        size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
+        if size <= 0:
+            until = deadline(timeout)
+            while size <= 0:
+                seq = prepare_wait(ctl, index.EV_CHANGED)
                 try:
-                    ok = index.can_sample(ctl, self._limits, b, mts)
-                    if ok:
-                        size = int(ctl[index.SIZE])
-                        index.sample(self._index, self.sampler.code, u, mts, slots, keys, probs, prios, times)
-                        for f, a in out.items():
-                            np.take(self._data[f], slots, axis=0, out=a)
+                    self._lock()
+                    size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
+                    if size == 0:
+                        self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
+                        self._check_open()
                 finally:
-                    lock.release(ctl)
-                if ok:
-                    break
-                self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
-                self._check_open()
-            finally:
-                finish_wait(ctl, index.EV_CHANGED)
-        notify(ctl, index.EV_CHANGED)
-        return SampleBatch(_to_torch(out) if torch else out, keys, probs, prios, times, size)
+                    finish_wait(ctl, index.EV_CHANGED)
+        return SampleBatch(_to_torch(out) if torch else out, keys, probs, prios, times, int(size))
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set the priorities of the items with ``keys``; keys of items no longer in the
