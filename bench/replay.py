@@ -11,6 +11,7 @@ sampler processes taking batches of 32 from a full table; the median latency of 
 batch of 32 in one process. Uniform and prioritized (TorchRL's prioritized sampler needs
 its C++ extension, which does not load with this torch: it is reported as n/a, and so is
 Reverb, which needs TensorFlow). The machine is shared: read the ratios, not the rates.
+Exit status 1 when a target line says FAIL (``bench.report``'s convention).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness import FORK, child, end, nothing, run_main
-from bench.report import fmt_rate, fmt_ratio, verdict
+from bench.report import exit_status, fmt_rate, fmt_ratio, verdict
 from shmpad import replay
 from shmpad.ringbuf.segment import Segment
 
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\ntargets:")
     for line in lines:
         print(f"  {line}")
-    return 0
+    return exit_status(lines, [], sys.stdout)
 
 
 if __name__ == "__main__":

@@ -292,7 +292,7 @@ class Table:
     def _rng(self) -> np.random.Generator:
         pid = _pid()
         if self._rng_pid != pid:  # a forked copy must not repeat its parent's choices
-            self._rng_ = np.random.default_rng([pid] if self._seed is None else [self._seed, pid])
+            self._rng_ = np.random.default_rng(None if self._seed is None else [self._seed, pid])
             self._rng_pid = pid
         return self._rng_
 
