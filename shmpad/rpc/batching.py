@@ -121,7 +121,7 @@ class BatchedHandler:
         fut: Future = Future()
         with self._lock:
             self._pending.append((args, kwargs, fut))
-            if len(self._pending) == 1:
+            if len(self._pending) == 1 and self.batch_size > 1:
                 self._deadline = time.monotonic() + self.timeout
                 self._wake_timer()
             if len(self._pending) >= self.batch_size:
