@@ -10,6 +10,7 @@ from shmpad.nodes.courier import CourierClient
 from shmpad.nodes.courier import CourierHandle
 from shmpad.nodes.courier import CourierNode
 from shmpad.nodes.courier import CourierServer
+from shmpad.rpc import batched_handler
 from shmpad.nodes.address import AbstractAddressBuilder
 from shmpad.nodes.address import Address
 from shmpad.nodes.address import SimpleLocalAddressBuilder
@@ -18,6 +19,8 @@ from shmpad.rpc import TcpRpcClient
 from shmpad.rpc import TcpRpcServer
 from shmpad.nodes.data import RingNode
 from shmpad.nodes.data import WeightStoreNode
+from shmpad.nodes.replay import ReplayClient
+from shmpad.nodes.replay import ReplayNode
 from shmpad.colocation import MultiProcessingColocation
 from shmpad.colocation import MultiThreadingColocation
 from shmpad.launch.flags import LAUNCH_TYPE
@@ -62,6 +65,7 @@ __all__ = [
     "Abandoned",
     "Address",
     "CourierServer",
+    "batched_handler",
     "LAUNCH_TYPE",
     "SimpleLocalAddressBuilder",
     "get_port_from_address",
@@ -88,6 +92,8 @@ __all__ = [
     "PyNode",
     "PythonProcess",
     "RingNode",
+    "ReplayClient",
+    "ReplayNode",
     "WeightStoreNode",
     "WorkerManager",
     "launch",

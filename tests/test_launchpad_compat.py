@@ -609,6 +609,17 @@ def test_example_program_wait(launch_type):
     assert out.rstrip().endswith("program finished")
 
 
+@pytest.mark.parametrize("launch_type", ALL_TYPES)
+def test_example_batching(launch_type):
+    code, out, err = _example("batching", f"--lp_launch_type={launch_type}", "--num_clients=3", "--calls=10")
+    assert code == 0, err
+    # the server's running sum after every call of [x, x + 1], x = client .. client + 9, however batched
+    total = [sum(x for c in range(3) for x in range(c, c + 10)), sum(x + 1 for c in range(3) for x in range(c, c + 10))]
+    lasts = [line.split(" last result ")[1] for line in out.splitlines() if " last result " in line]
+    assert len(lasts) == 3 and str(total) in lasts, out
+    assert out.rstrip().endswith("program finished")
+
+
 def test_example_with_an_unknown_flag_fails_as_absl_does():
     code, _, err = _example("hello_world", "--lp_no_such_flag=1")
     assert code == 1 and "Unknown command line flag 'lp_no_such_flag'" in err

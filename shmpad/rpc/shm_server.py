@@ -9,7 +9,9 @@ duration of the call, one writer at a time; for futures the client's one MPMC ri
 The server runs handlers concurrently on up to ``threads`` threads, leader /
 followers style: one thread at a time waits on the request ring; when it takes a
 request it hands the wait to the next thread and runs the handler itself, so a
-call crosses no thread boundary on the server.
+call crosses no thread boundary on the server. A call of a batched method
+(``batching``) is handed to its batcher and answered when its batch has run, so the
+calls waiting for a batch hold no thread.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from shmpad.errors import Closed, SegmentError, Timeout
 from shmpad.ringbuf.mpmc import MPMCRing
 from shmpad.ringbuf.spsc import SPSCRing
+from shmpad.rpc.batching import BatchedHandler
 from shmpad.rpc.calls import POLL_S, public_methods
 from shmpad.rpc.codec import decode, encode_reply, failure, unpicklable_result
 
@@ -201,7 +204,12 @@ class RpcServer:
             traceback.print_exc()  # undecodable request: nobody to tell
             return
         try:
-            reply = (call_id, True, self._lookup(method)(*args, **kwargs))
+            fn = self._lookup(method)
+            if isinstance(fn, BatchedHandler):
+                # answered when its batch has run; this thread goes back to the ring
+                fn.submit(args, kwargs).add_done_callback(lambda f: self._reply(reply_to, _outcome(call_id, f)))
+                return
+            reply = (call_id, True, fn(*args, **kwargs))
         except BaseException as e:
             reply = (call_id, False, failure(e))
         self._reply(reply_to, reply)
@@ -236,3 +244,9 @@ class RpcServer:
                 self._replies.pop(next(iter(self._replies)))
             self._replies[name] = ring
         return ring
+
+
+def _outcome(call_id: int, fut: Any) -> tuple:
+    """The reply for a settled future of a batched call."""
+    e = fut.exception()
+    return (call_id, True, fut.result()) if e is None else (call_id, False, failure(e))

@@ -19,7 +19,7 @@ frames are bounded by the connection's ``max_frame`` (``wire.MAX_FRAME``), so on
 call's arguments or result are too.
 
 The server runs calls on up to ``threads`` threads at once, over all its
-connections (a call may wait for another call to the same server). It reads at most
+connections (a batched method's calls wait for their batch holding none of them) (a call may wait for another call to the same server). It reads at most
 ``2 x threads`` requests of one connection ahead of their replies; past that the
 client's sends wait in TCP, so a client pipelining large calls holds at most that many
 in the server's memory. That bound cannot deadlock a call that waits for another call
@@ -43,6 +43,7 @@ from typing import Any
 from shmpad.errors import FrameError, RemoteError
 from shmpad.net.auth import Listener
 from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
+from shmpad.rpc.batching import BatchedHandler
 from shmpad.rpc.calls import POLL_S, public_methods
 from shmpad.rpc.codec import encode_message, failure, load_message, message_size, split_message, unpicklable_result
 
@@ -190,15 +191,30 @@ class TcpRpcServer:
 
     def _answer(self, conn: Connection, call_id: int, parts: tuple, unanswered: threading.BoundedSemaphore) -> None:
         try:
-            self._reply(conn, call_id, parts)
+            method, args, kwargs = load_message(parts)
+            fn = self._lookup(method)
+            if isinstance(fn, BatchedHandler):
+                # answered when its batch has run; this thread takes the next request
+                fut = fn.submit(args, kwargs)
+                fut.add_done_callback(lambda f: self._answer_batched(conn, call_id, f, unanswered))
+                return
+            ok, value = True, fn(*args, **kwargs)
+        except BaseException as e:
+            ok, value = False, failure(e)
+        try:
+            self._reply(conn, call_id, ok, value)
         finally:
             unanswered.release()  # pairs with the acquire in _serve before this request was read
 
-    def _reply(self, conn: Connection, call_id: int, parts: tuple) -> None:
+    def _answer_batched(self, conn: Connection, call_id: int, fut: Any, unanswered: threading.BoundedSemaphore) -> None:
+        e = fut.exception()
+        ok, value = (True, fut.result()) if e is None else (False, failure(e))
         try:
-            ok, value = True, self._call(parts)
-        except BaseException as e:
-            ok, value = False, failure(e)
+            self._reply(conn, call_id, ok, value)
+        finally:
+            unanswered.release()  # pairs with the acquire in _serve before this request was read
+
+    def _reply(self, conn: Connection, call_id: int, ok: bool, value: Any) -> None:
         try:
             payload = encode_message(value)
         except Exception as e:
@@ -212,10 +228,6 @@ class TcpRpcServer:
             conn.send(Kind.PICKLE, *payload, tag=call_id, flags=int(ok))
         except ConnectionError:
             pass  # the caller is gone: it learnt that from its side
-
-    def _call(self, parts: tuple) -> Any:
-        method, args, kwargs = load_message(parts)
-        return self._lookup(method)(*args, **kwargs)
 
 
 # ---------------------------------------------------------------- reserving a port

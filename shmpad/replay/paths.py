@@ -1,0 +1,96 @@
+"""The compiled hot paths of a replay table: one call each for the two halves of an insert
+and for a whole sample, lock included, so that the common case crosses from Python into
+compiled code three times per insert-and-sample instead of a dozen.
+
+Each takes the lock with a bounded spin (``lock._try``) unless ``have_lock`` says the
+caller already holds it; on a lock still busy after the spin it returns ``BUSY`` having
+done nothing, and the caller takes the lock the slow way (``lock.acquire``: it sleeps,
+and takes over from a dead holder) and calls again with ``have_lock=True``. Every path
+releases the lock before it returns.
+
+Rows travel as bytes: ``rows[f]`` is field f of the table as one flat uint8 array,
+``row_bytes[f]`` the bytes of one item's field, ``src[f]``/``dst[f]`` an item's or a
+batch's field as flat uint8 arrays; ``copy_bytes`` is one ``memcpy`` per row.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from shmpad.replay import index
+from shmpad.replay.index import EV_CHANGED
+from shmpad.replay.lock import _release, _try
+from shmpad.ringbuf.memcopy import copy_bytes
+from shmpad.ringbuf.wait import notify
+
+__all__ = ["BUSY", "reserve_and_copy", "publish", "sample_and_gather"]
+
+BUSY = -3
+
+
+@njit(nogil=True, cache=True)
+def reserve_and_copy(t, limits, remover, u, pid, max_times, spins, have_lock, rows, row_bytes, src):
+    """Reserve a slot (``index.reserve``) and copy the item's fields into it outside the
+    lock; the slot, or RATE_LIMITED, NO_SLOT or BUSY."""
+    ctl = t[0]
+    if not have_lock and _try(ctl, pid, spins) != 0:
+        return BUSY
+    slot = index.reserve(t, limits, remover, u, pid, max_times)
+    _release(ctl)
+    if slot >= 0:
+        for f in range(len(rows)):
+            n = row_bytes[f]
+            copy_bytes(rows[f], slot * n, src[f], 0, n)
+    return slot
+
+
+@njit(nogil=True, cache=True)
+def publish(t, slot, priority, exponent, max_times, pid, spins, have_lock):
+    """Make the item in ``slot`` visible (``index.commit``) and wake waiters; its key, or BUSY."""
+    ctl = t[0]
+    if not have_lock and _try(ctl, pid, spins) != 0:
+        return BUSY
+    key = index.commit(t, slot, priority, exponent, max_times)
+    _release(ctl)
+    notify(ctl, EV_CHANGED)
+    return key
+
+
+@njit(nogil=True, cache=True)
+def sample_and_gather(
+    t,
+    limits,
+    sampler,
+    uniforms,
+    max_times,
+    pid,
+    spins,
+    have_lock,
+    rows,
+    row_bytes,
+    dst,
+    slots,
+    keys,
+    probs,
+    prios,
+    times,
+):
+    """If the rate limiter lets a batch through: choose it (``index.sample``), gather its
+    rows into ``dst`` and return the table's size before it (> 0); 0 if not let through;
+    BUSY."""
+    ctl = t[0]
+    if not have_lock and _try(ctl, pid, spins) != 0:
+        return BUSY
+    b = uniforms.shape[0]
+    if not index.can_sample(ctl, limits, b, max_times):
+        _release(ctl)
+        return 0
+    size = ctl[index.SIZE]
+    index.sample(t, sampler, uniforms, max_times, slots, keys, probs, prios, times)
+    for f in range(len(rows)):
+        n = row_bytes[f]
+        for i in range(b):
+            copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
+    _release(ctl)
+    notify(ctl, EV_CHANGED)
+    return size
