@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from helpers import FORK, Forked, child_log, wait_until
 
+from shmpad.errors import Closed
 from shmpad.ringbuf import weights
 from shmpad.ringbuf.weights import WeightStore
 
@@ -185,6 +186,37 @@ def test_a_publish_waits_for_a_pinned_copy_and_a_broken_pin_fails_the_copy(monke
         assert weights._unpin(words, ctl, second[1], second[2])
         version, got = store.pull_arrays()
         assert (version, _values(got)) == (6, {6})
+
+
+def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
+    monkeypatch.setattr(weights, "_PIN_TIMEOUT", TIMEOUT)
+    store = WeightStore.create(_small(0))
+    words, ctl = store._words, store._ctl
+    store.publish(_small(1))
+    weights._pin(words, ctl, 0)
+    store.publish(_small(2))
+    weights._pin(words, ctl, 0)
+    store.publish(_small(3))
+    outcome: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            store.publish(_small(4))
+        except BaseException as e:
+            outcome.append(e)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        sleepers = ctl + weights._PIN_EVENT // 8 + 1
+        assert wait_until(lambda: words[sleepers] > 0, TIMEOUT), "the publish never waited"
+        store.close()  # the creator's close: every process's calls raise Closed, waiters wake
+        publisher.join(TIMEOUT)
+        assert not publisher.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], Closed), outcome
+    finally:
+        publisher.join(TIMEOUT)
+        store.close()
 
 
 def _pin_latest_and_hang(store: WeightStore, pinned) -> None:

@@ -265,6 +265,7 @@ def _load_version(words, ctl):
 def _close_shared(words, ctl):
     store_release(words, ctl + _CLOSED // 8, 1)  # pairs with the CLOSED loads in readers and waiters
     notify_always(words, ctl + _EVENT // 8)
+    notify_always(words, ctl + _PIN_EVENT // 8)  # a publish waiting for pins
 
 
 _MAX_VERSION = (1 << 63) - 1
