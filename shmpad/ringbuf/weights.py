@@ -18,11 +18,12 @@ data area; every control line is 64 bytes)::
     64         8     creator (release)    CLOSED: 1 once the creator closed the store
     128        16    writer, waiters      event (seq, sleepers) for wait_for_version (wait.py)
     192        16    readers, writer      event for a writer waiting for a pin to go (wait.py)
-    256        16    writer, readers      buffer 0: STATE = SEQ << 20 | PINS (SEQ odd while
+    256        24    writer, readers      buffer 0: STATE = SEQ << 20 | PINS (SEQ odd while
                                           being written; PINS: readers copying under a pin),
-                                          HELD (the version it holds, written inside the SEQ window)
-    320        16    writer, readers      buffer 1: STATE, HELD
-    384        16    writer, readers      buffer 2: STATE, HELD
+                                          HELD (the version it holds, written inside the SEQ
+                                          window), PINNER (pid of the reader that pinned it last)
+    320        24    writer, readers      buffer 1: STATE, HELD, PINNER
+    384        24    writer, readers      buffer 2: STATE, HELD, PINNER
     448        B     writer               buffer 0: every tensor in metadata order, each at a
                                           64-byte aligned offset inside the buffer
     448 + B    B     writer               buffer 1: the same layout
@@ -30,7 +31,7 @@ data area; every control line is 64 bytes)::
 
 SEQ and PINS share a word so that the writer's claim of a buffer (PINS == 0, SEQ made odd)
 and a reader's pin (SEQ even, PINS + 1) are single compare-and-swaps that exclude each
-other; HELD shares their line because readers read them together.
+other; HELD and PINNER share their line because readers read and write them together.
 
 Metadata (segment JSON): ``{"buffer_bytes": B, "tensors": [{"name", "dtype" (numpy
 dtype string, e.g. "<f4"), "shape", "offset" (inside a buffer), "nbytes"}, ...]}``.
@@ -52,10 +53,11 @@ pinned copy completes (``statistics().pinned_pulls`` counts these pulls,
 
 Why a dead reader never blocks the writer for long: the writer needs one unpinned buffer
 besides the latest. Only when pins hold both does it wait, on a futex that unpinning
-readers notify, for at most ``_PIN_TIMEOUT`` seconds; then it breaks the pins of one
-buffer (resets PINS as it claims it). A reader SIGKILLed holding a pin thus costs at most
-one such wait; a live reader whose pin was broken sees SEQ moved and copies again
-(``statistics().publish_waits`` and ``.pins_broken`` count both sides).
+readers notify. A buffer pinned once, by a PINNER that is no longer alive, it claims at
+once, breaking the pin (resetting PINS); after ``_PIN_TIMEOUT`` seconds it breaks the
+pins of one buffer whoever holds them. A live reader whose pin was broken (its copy took
+that long, or PINNER named a reader that had already unpinned) sees SEQ moved and copies
+again (``statistics().publish_waits`` and ``.pins_broken`` count both sides).
 
 One writer at a time is the caller's contract; it is not checked.
 """
@@ -85,6 +87,7 @@ from shmpad.ringbuf.atomics import (
     store_relaxed,
     store_release,
 )
+from shmpad.ringbuf.mpmc import pid_alive
 from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
 from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
@@ -103,6 +106,8 @@ CONTROL_BYTES = _BUFFER_LINES + BUFFERS * CACHE_LINE
 
 _PIN_BITS = 20  # STATE = SEQ << _PIN_BITS | PINS
 _PINS = (1 << _PIN_BITS) - 1
+_HELD, _PINNER = 1, 2  # words of a buffer's line after STATE
+_ALL_BUFFERS = (1 << BUFFERS) - 1  # a mask of the buffers whose pins _claim may break
 
 # Kernel return codes in the place of a buffer index (0, 1 and 2 are buffers).
 _NOTHING_NEWER = -1
@@ -137,7 +142,7 @@ def _read_begin(words, ctl, newer_than):
     s = load_acquire(words, line) >> _PIN_BITS  # pairs with store_release(STATE) in _write_end
     if s & 1:
         return v, _RETRY, 0  # the writer has moved on twice and is refilling this buffer
-    held = load_relaxed(words, line + 1)  # validated by the SEQ re-check in _read_end
+    held = load_relaxed(words, line + _HELD)  # validated by the SEQ re-check in _read_end
     return held, b, s
 
 
@@ -149,8 +154,9 @@ def _read_end(words, ctl, b, s):
 
 
 @njit(nogil=True, cache=True)
-def _pin(words, ctl, newer_than):
-    """Like _read_begin, with the buffer pinned: the writer will not claim it until _unpin."""
+def _pin(words, ctl, newer_than, pid):
+    """Like _read_begin, with the buffer pinned by ``pid``: the writer will not claim it until
+    _unpin (unless ``pid`` dies or the pin outlasts _PIN_TIMEOUT)."""
     v = 0
     for _ in range(_SPINS):
         if load_relaxed(words, ctl + _CLOSED // 8) != 0:
@@ -166,7 +172,8 @@ def _pin(words, ctl, newer_than):
             # acquire pairs with store_release(STATE) in _write_end (payload and HELD visible);
             # a claim in _claim after this cas sees PINS > 0 and leaves the buffer alone
             if cas(words, line, state, state + 1) == state:
-                return load_relaxed(words, line + 1), b, state >> _PIN_BITS
+                store_relaxed(words, line + _PINNER, pid)
+                return load_relaxed(words, line + _HELD), b, state >> _PIN_BITS
         cpu_pause()
     return v, _RETRY, 0  # the writer or other readers kept changing the word: try again
 
@@ -188,19 +195,27 @@ def _unpin(words, ctl, b, s):
 
 
 @njit(nogil=True, cache=True)
-def _claim(words, ctl, force):
+def _lone_pinner(words, ctl, b):
+    """PINNER of buffer ``b`` if exactly one reader holds a pin on it, else 0."""
+    line = _line(ctl, b)
+    return load_relaxed(words, line + _PINNER) if load_relaxed(words, line) & _PINS == 1 else 0
+
+
+@njit(nogil=True, cache=True)
+def _claim(words, ctl, breakable):
     """Makes the SEQ of a buffer for the next version odd; returns (next version, buffer or
-    code, odd SEQ, pins broken). Prefers an unpinned buffer; with ``force``, breaks pins."""
+    code, odd SEQ, pins broken). Prefers an unpinned buffer, then breaks the pins of one
+    in the mask ``breakable`` (bit b: buffer b)."""
     if load_acquire(words, ctl + _CLOSED // 8) != 0:  # pairs with store_release(CLOSED) in _close_shared
         return 0, _IS_CLOSED, 0, 0
     latest = load_relaxed(words, ctl + _LATEST // 8)  # the writer reads its own word
     v = (latest >> 2) + 1
-    for forcing in range(2 if force else 1):
+    for forcing in range(2 if breakable else 1):
         for k in range(1, BUFFERS):
             b = ((latest & 3) + k) % BUFFERS
             line = _line(ctl, b)
             state = load_relaxed(words, line)  # validated by the cas
-            if state & _PINS == 0 or forcing:
+            if state & _PINS == 0 or (forcing and (breakable >> b) & 1):
                 seq = state >> _PIN_BITS
                 # An odd SEQ is left by a writer that died (or raised) mid-copy; stay odd but move on.
                 odd = seq + 2 if seq & 1 else seq + 1
@@ -217,7 +232,7 @@ def _claim_or_sleep(words, ctl, timeout_ns):
     """_claim without force, or _ALL_PINNED after sleeping until a reader unpins or ``timeout_ns``."""
     ev = ctl + _PIN_EVENT // 8
     seq = prepare_wait(words, ev)
-    r = _claim(words, ctl, False)
+    r = _claim(words, ctl, 0)
     if r[1] == _ALL_PINNED:
         sleep(words, ev, seq, timeout_ns)
     finish_wait(words, ev)
@@ -227,7 +242,7 @@ def _claim_or_sleep(words, ctl, timeout_ns):
 @njit(nogil=True, cache=True)
 def _write_end(words, ctl, v, b, odd):
     line = _line(ctl, b)
-    store_relaxed(words, line + 1, v)  # HELD, inside the SEQ window
+    store_relaxed(words, line + _HELD, v)  # inside the SEQ window
     # No reader changes STATE while SEQ is odd (_pin needs it even, _unpin its old SEQ), so a store suffices.
     store_release(words, line, (odd + 1) << _PIN_BITS)  # pairs with the STATE loads in _read_begin, _pin
     store_release(words, ctl + _LATEST // 8, v << 2 | b)  # pairs with load_acquire(LATEST) in readers, waiters
@@ -296,8 +311,8 @@ class WeightStoreStatistics:
     publish_waits: int
     """Publishes that waited because pinned readers held every buffer the writer could fill."""
     pins_broken: int
-    """Reader pins this handle's publishes broke after waiting ``_PIN_TIMEOUT`` seconds:
-    readers that died holding a pin, or copies slower than that."""
+    """Reader pins this handle's publishes broke: pins of readers that died holding them,
+    or pins held longer than ``_PIN_TIMEOUT`` seconds while the writer waited."""
 
 
 def _round_up(n: int, to: int) -> int:
@@ -467,7 +482,7 @@ class WeightStore:
         shapes and dtypes."""
         self._segment()
         sources = self._checked(_as_mapping(state, "publish"))  # GPU -> CPU copies happen here, outside the window
-        v, b, odd, _ = _claim(self._words, self._ctl, False)
+        v, b, odd, _ = _claim(self._words, self._ctl, 0)
         if b == _ALL_PINNED:
             v, b, odd = self._claim_waiting()
         if b == _IS_CLOSED:
@@ -480,19 +495,29 @@ class WeightStore:
         return int(v)
 
     def _claim_waiting(self) -> tuple[int, int, int]:
-        """_claim's (version, buffer or code, odd SEQ) once a pin goes, or by breaking one
-        after _PIN_TIMEOUT seconds."""
+        """_claim's (version, buffer or code, odd SEQ) once a pin goes, or by breaking the
+        pin of a dead reader, or any pin after _PIN_TIMEOUT seconds."""
         self._publish_waits += 1
         deadline = time.monotonic() + _PIN_TIMEOUT
         while True:
             left = deadline - time.monotonic()
-            if left > 0:
-                v, b, odd, _ = _claim_or_sleep(self._words, self._ctl, int(min(left, _SLEEP_SLICE) * 1e9))
-            else:
-                v, b, odd, broken = _claim(self._words, self._ctl, True)
+            breakable = _ALL_BUFFERS if left <= 0 else self._dead_pins()
+            if breakable:
+                v, b, odd, broken = _claim(self._words, self._ctl, breakable)
                 self._pins_broken += int(broken)
+            else:
+                v, b, odd, _ = _claim_or_sleep(self._words, self._ctl, int(min(left, _SLEEP_SLICE) * 1e9))
             if b != _ALL_PINNED:
                 return v, b, odd
+
+    def _dead_pins(self) -> int:
+        """The mask of buffers pinned once, by a reader that is no longer alive."""
+        mask = 0
+        for b in range(BUFFERS):
+            pid = _lone_pinner(self._words, self._ctl, b)
+            if pid and not pid_alive(pid):
+                mask |= 1 << b
+        return mask
 
     def pull(self, dst: Mapping[str, Any] | Any, newer_than: int | None = None) -> int:
         """Copy the latest version into ``dst`` in place if it is newer than ``newer_than``
@@ -532,7 +557,7 @@ class WeightStore:
     ) -> int:
         """``pull``'s fallback: copy the latest buffer under a pin."""
         while True:
-            v, b, s = _pin(self._words, self._ctl, newer_than)
+            v, b, s = _pin(self._words, self._ctl, newer_than, os.getpid())
             if b == _NOTHING_NEWER:
                 return int(v)
             if b == _IS_CLOSED:
