@@ -45,11 +45,12 @@ is taken only on an even SEQ, and never waits. A new writer may take over from a
 one: it skips past the odd SEQ the dead writer left.
 
 Why a slow reader is never starved: a copy is thrown away only when the writer refilled
-its buffer meanwhile, which takes three publishes (the writer goes round the buffers, never
-filling the one LATEST names). A reader slower than that pins its buffer after
-``_COPIES_BEFORE_PIN`` discarded copies; the writer never claims a pinned buffer, so the
-pinned copy completes (``statistics().pinned_pulls`` counts these pulls,
-``statistics().retries`` the copies thrown away).
+its buffer meanwhile, which takes two more publishes and the start of a third (the writer
+goes round the buffers, never filling the one LATEST names). A reader slower than that
+pins its buffer after ``_COPIES_BEFORE_PIN`` overtaken attempts; the writer does not claim
+a pinned buffer, so the pinned copy completes unless it outlasts ``_PIN_TIMEOUT`` while
+the writer waits (below). ``statistics().pinned_pulls`` counts these pulls,
+``statistics().retries`` the copies thrown away.
 
 Why a dead reader never blocks the writer for long: the writer needs one unpinned buffer
 besides the latest. Only when pins hold both does it wait, on a futex that unpinning
