@@ -3,7 +3,9 @@
 A reader never sees a torn mix of two versions, never waits for the writer, and is never
 starved by it. The store keeps three copies of the parameters, each guarded by a seqlock
 with a pin count. The writer fills a buffer that neither holds the latest version nor is
-pinned, then publishes the new version and its buffer in one word. A reader copies the
+pinned, of those the one it wrote last (still in cache: two buffers alternate as in a
+double buffer until a reader pins one), then publishes the new version and its buffer in
+one word. A reader copies the
 buffer that word names and checks the buffer's sequence number did not move while it
 copied; after ``_COPIES_BEFORE_PIN`` such copies were thrown away it pins the buffer
 (a compare-and-swap on the buffer's state) so the writer leaves it alone until the copy
@@ -45,8 +47,8 @@ is taken only on an even SEQ, and never waits. A new writer may take over from a
 one: it skips past the odd SEQ the dead writer left.
 
 Why a slow reader is never starved: a copy is thrown away only when the writer refilled
-its buffer meanwhile, which takes two more publishes and the start of a third (the writer
-goes round the buffers, never filling the one LATEST names). A reader slower than that
+its buffer meanwhile, which takes one more publish and the start of another (the writer
+never fills the buffer LATEST names). A reader slower than that
 pins its buffer after ``_COPIES_BEFORE_PIN`` overtaken attempts; the writer does not claim
 a pinned buffer, so the pinned copy completes unless it outlasts ``_PIN_TIMEOUT`` while
 the writer waits (below). ``statistics().pinned_pulls`` counts these pulls,
@@ -211,9 +213,14 @@ def _claim(words, ctl, breakable):
         return 0, _IS_CLOSED, 0, 0
     latest = load_relaxed(words, ctl + _LATEST // 8)  # the writer reads its own word
     v = (latest >> 2) + 1
+    # The spare buffer written last first: it is the one most likely still in cache.
+    first = ((latest & 3) + 1) % BUFFERS
+    second = ((latest & 3) + 2) % BUFFERS
+    if load_relaxed(words, _line(ctl, second) + _HELD) > load_relaxed(words, _line(ctl, first) + _HELD):
+        first, second = second, first
     for forcing in range(2 if breakable else 1):
-        for k in range(1, BUFFERS):
-            b = ((latest & 3) + k) % BUFFERS
+        for k in range(2):
+            b = first if k == 0 else second
             line = _line(ctl, b)
             state = load_relaxed(words, line)  # validated by the cas
             if state & _PINS == 0 or (forcing and (breakable >> b) & 1):
