@@ -20,7 +20,10 @@ import subprocess
 import sys
 import time
 import traceback
+from functools import partial
 from typing import Callable, Iterable
+
+from shmpad.launch.process import die_with_parent
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "shmpad."
@@ -101,13 +104,24 @@ def current_syscall(pid: int) -> int | None:
     return int(first) if first.lstrip("-").isdigit() else None
 
 
+def start_session(args: list[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(args, **kwargs)`` leading a session of its own (so that a test can
+    end its whole group) and SIGKILLed when this test process dies, even by SIGKILL: a
+    broker or peer never outlives a killed pytest. Between fork and exec the child calls
+    ``die_with_parent`` (PR_SET_PDEATHSIG, then the re-check that closes the race with a
+    parent that died first). PDEATHSIG follows the thread that forked, so call this from
+    the thread that outlives the child (the tests' main thread). A ``preexec_fn`` is unsafe
+    where the child takes a lock another thread held at the fork; that one takes none."""
+    return subprocess.Popen(args, start_new_session=True, preexec_fn=partial(die_with_parent, os.getpid()), **kwargs)
+
+
 def spawn_python(code: str) -> subprocess.Popen:
     """Start ``python -c code`` with an unbuffered stdout pipe; its pid counts in the leak checks.
 
     It leads a new process group, so that ``kill_and_reap`` also ends the processes it forks
     (the janitor it may start leads a session of its own and ends by itself).
     """
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
+    proc = start_session([sys.executable, "-c", code], stdout=subprocess.PIPE, bufsize=0)
     track_pid(proc.pid)
     return proc
 
@@ -118,11 +132,10 @@ def run_command(
     """Run ``argv`` to its end in a session of its own (its pid counts in the leak checks):
     ``(exit status, stdout, stderr)``, stderr merged into stdout unless ``split``. Past
     ``timeout`` its whole group is killed and the test fails naming ``what``."""
-    proc = subprocess.Popen(
+    proc = start_session(
         argv,
         cwd=cwd,
         env=env,
-        start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if split else subprocess.STDOUT,
     )

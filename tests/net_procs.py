@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from helpers import kill_and_reap, track_pid
+from helpers import kill_and_reap, start_session, track_pid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -28,7 +28,7 @@ class Broker:
     """``python -m shmpad.net.broker`` on ``host:port`` (0: a free port), ready when made."""
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1"):
-        self.proc = subprocess.Popen(
+        self.proc = start_session(
             [
                 sys.executable,
                 "-m",
@@ -49,7 +49,6 @@ class Broker:
             env=env(),
             cwd=ROOT,
             text=True,
-            start_new_session=True,
         )
         track_pid(self.proc.pid)
         line = self.proc.stdout.readline()
@@ -73,7 +72,7 @@ class Peer:
         args = [sys.executable, os.path.join(HERE, "net_peer.py"), broker, group, name, *extra]
         pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), text=True)
         if popen is None:
-            self.proc = subprocess.Popen(args, start_new_session=True, **pipes)
+            self.proc = start_session(args, **pipes)
             track_pid(self.proc.pid)
         else:
             self.proc = popen(args, **pipes)

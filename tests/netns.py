@@ -59,7 +59,7 @@ class Namespace:
     def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
         """Start ``args`` inside the namespace (``ip netns exec``), leading a new session so
         that teardown ends it and whatever it forks; ``kwargs`` go to ``Popen``."""
-        proc = subprocess.Popen(["ip", "netns", "exec", self.name, *args], start_new_session=True, **kwargs)
+        proc = helpers.start_session(["ip", "netns", "exec", self.name, *args], **kwargs)
         helpers.track_pid(proc.pid)
         self.procs.append(proc)
         return proc

@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-from helpers import kill_and_reap, run_command, track_pid
+from helpers import kill_and_reap, run_command, start_session, track_pid
 from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
 
 from learners import make_model
@@ -158,11 +158,10 @@ def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
             "--seed",
             str(i),
         ]
-        proc = subprocess.Popen(
+        proc = start_session(
             [sys.executable, "-m", "bench.impala", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
             env=env,
             cwd=ROOT,
         )

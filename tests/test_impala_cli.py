@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import kill_and_reap, run_command, track_pid
+from helpers import kill_and_reap, run_command, start_session, track_pid
 
 from bench import impala, impala_log
 
@@ -94,7 +94,7 @@ def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp
 @pytest.mark.parametrize("interrupts", [1, 2])
 def test_ctrl_c_says_where_it_stopped_and_exits_130(tmp_path, interrupts):
     out = str(tmp_path / "run")
-    proc = subprocess.Popen(
+    proc = start_session(
         [
             sys.executable,
             "-m",
@@ -108,7 +108,6 @@ def test_ctrl_c_says_where_it_stopped_and_exits_130(tmp_path, interrupts):
             "0.001",
         ],  # a checkpoint every step: the kill may well come mid-save
         cwd=ROOT,
-        start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from helpers import start_session
 
 import shmpad as lp
 
@@ -566,13 +567,12 @@ def test_importing_twice_does_not_define_the_flags_twice():
 
 def _example(name, *args, timeout=90):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
+    proc = start_session(
         [sys.executable, str(ROOT / "tests" / "lp_examples" / f"{name}.py"), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import pytest
 import test_net_wire as attacks
-from helpers import kill_and_reap, read_line, track_pid, wait_until
+from helpers import kill_and_reap, read_line, start_session, track_pid, wait_until
 from netns import netns  # noqa: F401  (a fixture)
 
 from shmpad.net import auth, wire
@@ -42,14 +42,13 @@ class BrokerProcess:
             env[auth.TOKEN_ENV] = token
         self.log_path = log_path
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = start_session(
                 [sys.executable, "-m", "shmpad.net.broker", *args],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 bufsize=0,
                 cwd=REPO,
                 env=env,
-                start_new_session=True,
             )
         track_pid(self.proc.pid)
         self.address = ""
@@ -173,13 +172,12 @@ def peer_sees(proc: subprocess.Popen, members: set[str], timeout: float = 10.0) 
 
 def spawn_peer(broker: BrokerProcess, group: str, name: str, address: str) -> subprocess.Popen:
     env = dict(os.environ, **{auth.TOKEN_ENV: TOKEN})
-    proc = subprocess.Popen(
+    proc = start_session(
         [sys.executable, "-c", PEER, broker.address, group, name, address],
         stdout=subprocess.PIPE,
         bufsize=0,
         cwd=REPO,
         env=env,
-        start_new_session=True,
     )
     track_pid(proc.pid)
     return proc

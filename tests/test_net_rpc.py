@@ -23,7 +23,7 @@ import time
 import cloudpickle
 import numpy as np
 import pytest
-from helpers import FORK, kill_pid, pid_alive, run_forked, track_pid, wait_until
+from helpers import FORK, kill_pid, pid_alive, run_forked, start_session, track_pid, wait_until
 from test_rpc import CustomError
 from test_rpc import Service as SameHostService
 
@@ -600,13 +600,12 @@ def test_a_handle_pickled_to_another_program(where, shm_leak_check):
         server = program.add_node(lp.CourierNode(Service, courier_kwargs={"listen": listen}), "server")
         manager = lp.launch(program, launch_type="test_mp")
         stack.callback(manager.stop_and_wait)
-        proc = subprocess.Popen(
+        proc = start_session(
             [*prefix, sys.executable, "-c", CLIENT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
-            start_new_session=True,
         )
         track_pid(proc.pid)
         try:

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import FORK, start_session
 
 import shmpad as lp
 
@@ -113,7 +114,7 @@ lp.launch(program, launch_type="local_mp").wait()
 def test_a_grandchild_ends_when_the_launcher_is_sigkilled(tmp_path):
     pid_file = str(tmp_path / "grandchild")
     code = textwrap.dedent(_LAUNCHER.format(tests=os.path.dirname(__file__), pid_file=pid_file))
-    launcher = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    launcher = start_session([sys.executable, "-c", code])
     grandchild = None
     try:
         grandchild = _read_pid(pid_file)
@@ -127,3 +128,29 @@ def test_a_grandchild_ends_when_the_launcher_is_sigkilled(tmp_path):
             launcher.wait(DEADLINE_S)
         if grandchild is not None and not _gone(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def _start_a_session_and_wait(conn) -> None:
+    """Plays the test runner: starts a child the tests' way, says its pid, waits to be killed."""
+    child = start_session([sys.executable, "-c", _STUBBORN])
+    conn.send(child.pid)
+    conn.poll(600)
+
+
+def test_a_process_a_test_starts_ends_when_the_test_runner_is_sigkilled():
+    conn, child_conn = FORK.Pipe(duplex=False)
+    runner = FORK.Process(target=_start_a_session_and_wait, args=(child_conn,), daemon=True)
+    runner.start()
+    child = None
+    try:
+        assert conn.poll(DEADLINE_S), "the runner never started its child"
+        child = conn.recv()
+        assert not _gone(child)
+        runner.kill()  # SIGKILL: the runner's own cleanup never runs
+        runner.join(DEADLINE_S)
+        assert _wait_gone(child), f"child {child} outlived the SIGKILLed runner that started it"
+    finally:
+        runner.kill()
+        runner.join(DEADLINE_S)
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)

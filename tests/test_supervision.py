@@ -12,7 +12,16 @@ import sys
 import textwrap
 import time
 
-from helpers import creator_pid_of, kill_and_reap, pid_alive, read_line, shm_entries, track_pid, wait_until
+from helpers import (
+    creator_pid_of,
+    kill_and_reap,
+    pid_alive,
+    read_line,
+    shm_entries,
+    start_session,
+    track_pid,
+    wait_until,
+)
 
 PREAMBLE = """
 import faulthandler
@@ -25,12 +34,11 @@ import shmpad as lp
 def start(tmp_path, body: str, *args: str) -> subprocess.Popen:
     script = tmp_path / "program.py"
     script.write_text(PREAMBLE + textwrap.dedent(body))
-    proc = subprocess.Popen(
+    proc = start_session(
         [sys.executable, str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         bufsize=0,
-        start_new_session=True,
         cwd=str(tmp_path),
     )
     track_pid(proc.pid)

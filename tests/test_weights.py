@@ -182,7 +182,9 @@ def test_newer_than_returns_the_version_without_copying():
         np.testing.assert_array_equal(dst["w"], 2)
         assert store.version == 2
         stats = store.statistics()
-        assert stats == WeightStoreStatistics(publishes=2, pulls=2, retries=0)
+        assert stats == WeightStoreStatistics(
+            publishes=2, pulls=2, retries=0, pinned_pulls=0, publish_waits=0, pins_broken=0
+        )
         with pytest.raises(dataclasses.FrozenInstanceError):
             stats.pulls = 0
 
@@ -275,10 +277,10 @@ def _pull_until_stopped(store: WeightStore, stop, results) -> None:
     results.put((v, problems))
 
 
-def _writing_buffer_seq(store: WeightStore) -> int:
-    """The SEQ word of the buffer the next version goes to (odd while a publish copies)."""
-    b = (store.version + 1) % 2
-    return int(store._words[store._ctl + weights._BUFFER_LINES[b] // 8])
+def _copy_under_way(store: WeightStore) -> bool:
+    """True while some buffer's SEQ is odd: a publish is copying (or died copying)."""
+    states = (int(store._words[weights._line(store._ctl, b)]) for b in range(weights.BUFFERS))
+    return any((state >> weights._PIN_BITS) & 1 for state in states)
 
 
 @pytest.mark.timeout(60)
@@ -295,12 +297,12 @@ def test_writer_killed_mid_publish_leaves_the_last_complete_version(procs):
             # A random moment: some publishes in, then the next time a copy is under way.
             store.wait_for_version(store.version + rng.randint(1, 20), timeout=JOIN_TIMEOUT)
             deadline = time.monotonic() + JOIN_TIMEOUT
-            while _writing_buffer_seq(store) % 2 == 0:
+            while not _copy_under_way(store):
                 assert time.monotonic() < deadline, "the writer never started a copy"
             os.kill(writer.pid, signal.SIGKILL)
             writer.join(JOIN_TIMEOUT)
             assert writer.exitcode == -signal.SIGKILL
-            killed_mid_copy += _writing_buffer_seq(store) % 2
+            killed_mid_copy += _copy_under_way(store)
             last = store.version
 
             stop.set()
@@ -461,11 +463,11 @@ def test_attach_checks_the_layout():
     tensor = {"name": "w", "dtype": "<f4", "shape": [4096], "offset": 0, "nbytes": 16384}
     shifted = {"buffer_bytes": 16384, "tensors": [{**tensor, "offset": 64}]}
     cases = [
-        (shifted, 320 + 2 * 16384, "its metadata offsets do not match its tensors"),
+        (shifted, 448 + 3 * 16384, "its metadata offsets do not match its tensors"),
         (
             {"buffer_bytes": 16384, "tensors": [tensor]},
             4096,
-            r"its metadata needs 33088 data bytes, the segment has 4096",
+            r"its metadata needs 49600 data bytes, the segment has 4096",
         ),
         ({"tensors": [tensor]}, 4096, r"has unreadable metadata: KeyError\('buffer_bytes'\)"),
     ]

@@ -20,7 +20,8 @@ indices below are word indices from the start of the data area)::
     6..   ...                  per-slot words, then slot payloads (see spsc.py and mpmc.py)
 
 Each line has one writer side, so a producer's stores never invalidate the line a
-consumer writes (rigtorp/SPSCQueue). Per-slot words and payloads are laid out by the
+consumer writes (rigtorp/SPSCQueue). MPMC rings leave PUTS, BYTES_PUT, GETS and
+BYTES_GOT at 0 and count in their slot lines instead (see mpmc.py). Per-slot words and payloads are laid out by the
 ring kind.
 """
 

@@ -4,6 +4,8 @@ Layout of the data area (after the control block of ``layout.py``)::
 
     word  SLOT_WORDS + 8 i        state of slot i (below)
     word  SLOT_WORDS + 8 i + 1    length in bytes of the message in slot i
+    word  SLOT_WORDS + 8 i + 2    GOT: messages consumers have claimed from slot i
+    word  SLOT_WORDS + 8 i + 3    GOT_BYTES: their bytes
                                   (one 64-byte line per slot: producers of
                                   neighbouring slots never share a line)
     byte  SLOTS + i * STRIDE      payload of slot i (64-byte aligned)
@@ -28,6 +30,15 @@ claimant that dies at any instruction leaves a trace naming it:
 
 Liveness is checked from Python (``_recover``), only after a waiter slept a whole
 chunk without progress, so the fast paths carry no system call.
+
+Counting: the control block's PUTS, GETS, BYTES_PUT and BYTES_GOT stay 0 here. A
+locked add on a line every producer writes cost each message two cache-line
+transfers between the producers; instead the consumer that claims a message adds it
+to its slot's GOT and GOT_BYTES with plain stores (the claim makes it the line's
+only writer until it frees the slot; the next claimant acquires the line through the
+state word). ``statistics()`` sums them: ``gets`` = the sum of GOT, and ``puts`` =
+``gets`` + the messages waiting READY (bytes alike), so a message counts as put once
+it is published, whoever later takes it. Producers write no counter at all.
 """
 
 from __future__ import annotations
@@ -39,8 +50,6 @@ from numba import njit
 
 from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed, store_release
 from shmpad.ringbuf.layout import (
-    BYTES_GOT,
-    BYTES_PUT,
     CAPACITY,
     CLOSED,
     CLOSED_CODE,
@@ -49,10 +58,8 @@ from shmpad.ringbuf.layout import (
     EV_NOT_EMPTY,
     EV_NOT_FULL,
     FULL,
-    GETS,
     HEAD,
     IN_PROGRESS,
-    PUTS,
     SLOT_SIZE,
     SLOT_WORDS,
     SLOTS,
@@ -68,6 +75,7 @@ from shmpad.ringbuf.wait import notify
 __all__ = ["MPMCRing", "pid_alive"]
 
 FREE, WRITING, READY, READING = 0, 1, 2, 3
+_LENGTH, _GOT, _GOT_BYTES = 1, 2, 3  # words of a slot's line after its state word
 LAP_MASK = 0x7FFFFFFF
 PID_MASK = (1 << 30) - 1
 
@@ -121,7 +129,7 @@ def _claim_write(ctl, pid):
 def _publish(ctl, i, n):
     sw = _state_word(ctl, i)
     s = load_relaxed(ctl, sw)
-    store_relaxed(ctl, sw + 1, n)
+    store_relaxed(ctl, sw + _LENGTH, n)
     store_release(ctl, sw, _pack(_lap(s), READY, s & PID_MASK))  # pairs with load_acquire(sw) in _claim_read
 
 
@@ -135,8 +143,6 @@ def _put(ctl, msg, pid):
         return i
     copy_bytes(ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], msg, 0, n)
     _publish(ctl, i, n)
-    fetch_add(ctl, PUTS, 1)
-    fetch_add(ctl, BYTES_PUT, n)
     notify(ctl, EV_NOT_EMPTY)
     return 0
 
@@ -160,8 +166,6 @@ def _put_rows(ctl, rows, first, pid):
         _publish(ctl, i, n)
         k += 1
     if k > 0:
-        fetch_add(ctl, PUTS, k)
-        fetch_add(ctl, BYTES_PUT, k * n)
         notify(ctl, EV_NOT_EMPTY)
     return k
 
@@ -171,7 +175,6 @@ def _put_packed(ctl, buf, offsets, first, pid):
     data = ctl.view(np.uint8)
     slots, stride, size = ctl[SLOTS], ctl[STRIDE], ctl[SLOT_SIZE]
     k = 0
-    total = 0
     for j in range(first, offsets.shape[0] - 1):
         a = offsets[j]
         n = offsets[j + 1] - a
@@ -185,10 +188,7 @@ def _put_packed(ctl, buf, offsets, first, pid):
         copy_bytes(data, slots + i * stride, buf, a, n)
         _publish(ctl, i, n)
         k += 1
-        total += n
     if k > 0:
-        fetch_add(ctl, PUTS, k)
-        fetch_add(ctl, BYTES_PUT, total)
         notify(ctl, EV_NOT_EMPTY)
     return k
 
@@ -203,9 +203,32 @@ def _reserve(ctl, n, pid):
 @njit(nogil=True, cache=True)
 def _commit(ctl, i, n):
     _publish(ctl, i, n)
-    fetch_add(ctl, PUTS, 1)
-    fetch_add(ctl, BYTES_PUT, n)
     notify(ctl, EV_NOT_EMPTY)
+
+
+@njit(nogil=True, cache=True)
+def _count_claimed(ctl, sw):
+    """Count the message this consumer just claimed in its slot's GOT and GOT_BYTES. The
+    claim makes us the line's only writer (until _release), so plain stores do; the
+    previous writer's values reached us through the acquire of the state word."""
+    store_relaxed(ctl, sw + _GOT, load_relaxed(ctl, sw + _GOT) + 1)
+    store_relaxed(ctl, sw + _GOT_BYTES, load_relaxed(ctl, sw + _GOT_BYTES) + load_relaxed(ctl, sw + _LENGTH))
+
+
+@njit(nogil=True, cache=True)
+def _traffic(ctl):
+    """(puts, gets, bytes_put, bytes_got) summed over the slot lines (see Counting)."""
+    gets = got_bytes = ready = ready_bytes = 0
+    for i in range(ctl[CAPACITY]):
+        sw = _state_word(ctl, i)
+        gets += load_relaxed(ctl, sw + _GOT)
+        got_bytes += load_relaxed(ctl, sw + _GOT_BYTES)
+        # GOT first: a message claimed meanwhile is missed (never counted twice)
+        s = load_acquire(ctl, sw)  # pairs with store_release(READY) in _publish: the length is the message's
+        if _phase(s) == READY:
+            ready += 1
+            ready_bytes += load_relaxed(ctl, sw + _LENGTH)
+    return gets + ready, gets, got_bytes + ready_bytes, got_bytes
 
 
 @njit(nogil=True, cache=True)
@@ -222,6 +245,7 @@ def _claim_read(ctl, pid):
             phase = _phase(s)
             if phase == READY:
                 if cas(ctl, sw, s, _pack(lap, READING, pid)) == s:
+                    _count_claimed(ctl, sw)
                     cas(ctl, TAIL, pos, pos + 1)
                     return i
             elif phase == READING:
@@ -248,10 +272,7 @@ def _peek(ctl, pid):
     i = _claim_read(ctl, pid)
     if i < 0:
         return i
-    n = load_relaxed(ctl, _state_word(ctl, i) + 1)
-    fetch_add(ctl, GETS, 1)
-    fetch_add(ctl, BYTES_GOT, n)
-    return (i << 32) | n
+    return (i << 32) | load_relaxed(ctl, _state_word(ctl, i) + _LENGTH)
 
 
 @njit(nogil=True, cache=True)
@@ -261,7 +282,6 @@ def _peek_many(ctl, max_n, pid):
     if i < 0:
         return i
     cap = ctl[CAPACITY]
-    total = load_relaxed(ctl, _state_word(ctl, i) + 1)
     k = 1
     while k < max_n and i + k < cap:
         pos = load_acquire(ctl, TAIL)
@@ -274,11 +294,9 @@ def _peek_many(ctl, max_n, pid):
             break
         if cas(ctl, sw, s, _pack(lap, READING, pid)) != s:
             break
+        _count_claimed(ctl, sw)
         cas(ctl, TAIL, pos, pos + 1)
-        total += load_relaxed(ctl, sw + 1)
         k += 1
-    fetch_add(ctl, GETS, k)
-    fetch_add(ctl, BYTES_GOT, total)
     return (i << 32) | k
 
 
@@ -401,8 +419,12 @@ class MPMCRing(ByteRing):
     RELEASES_IN_ORDER = False
     kernels = Kernels.of(globals())
 
+    def _traffic(self) -> tuple[int, int, int, int]:
+        puts, gets, bytes_put, bytes_got = _traffic(self._ctl)
+        return int(puts), int(gets), int(bytes_put), int(bytes_got)
+
     def _lengths(self, slot: int, k: int) -> np.ndarray:
-        first = self._slot_words + slot * WORDS_PER_LINE + 1
+        first = self._slot_words + slot * WORDS_PER_LINE + _LENGTH
         return self._ctl[first : first + k * WORDS_PER_LINE : WORDS_PER_LINE]
 
     def _release_except(self, keep: list[tuple[int, int]]) -> None:

@@ -465,18 +465,24 @@ class ByteRing(Blocking):
 
     def statistics(self) -> RingStatistics:
         c = self._ctl
+        puts, gets, bytes_put, bytes_got = self._traffic()
         return RingStatistics(
             capacity=self.capacity,
             size=max(0, int(_load(c, HEAD)) - int(_load(c, TAIL))),
-            puts=int(_load(c, PUTS)),
-            gets=int(_load(c, GETS)),
-            bytes_put=int(_load(c, BYTES_PUT)),
-            bytes_got=int(_load(c, BYTES_GOT)),
+            puts=puts,
+            gets=gets,
+            bytes_put=bytes_put,
+            bytes_got=bytes_got,
             waits_full=int(_load(c, WAITS_FULL)),
             waits_empty=int(_load(c, WAITS_EMPTY)),
             dead_claims_skipped=int(_load(c, DEAD_CLAIMS)),
             closed=bool(_load(c, CLOSED)),
         )
+
+    def _traffic(self) -> tuple[int, int, int, int]:
+        """(puts, gets, bytes_put, bytes_got) since the ring was created."""
+        c = self._ctl
+        return int(_load(c, PUTS)), int(_load(c, GETS)), int(_load(c, BYTES_PUT)), int(_load(c, BYTES_GOT))
 
     def _lengths(self, slot: int, k: int) -> np.ndarray:
         raise NotImplementedError

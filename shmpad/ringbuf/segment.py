@@ -49,7 +49,7 @@ from shmpad.ringbuf import janitor
 __all__ = ["Segment", "PREFIX", "LAYOUT_VERSION", "CACHE_LINE"]
 
 MAGIC = int.from_bytes(b"SHMPAD\x00\x01", "little")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the weight store keeps three buffers with pin counts
 PREFIX = "shmpad."
 CACHE_LINE = 64
 HEADER_BYTES = 64

@@ -1,41 +1,66 @@
 """The versioned weight store: one writer publishes whole state dicts, many readers pull them.
 
-A reader never sees a torn mix of two versions and never blocks the writer: the
-store keeps two copies of the parameters and guards each with a seqlock. The writer
-always fills the buffer that does *not* hold the latest version, then publishes the
-new version number; a reader copies the buffer the latest version names and checks
-the buffer's sequence word did not move while it copied.
+A reader never sees a torn mix of two versions, never waits for the writer, and is never
+starved by it. The store keeps three copies of the parameters, each guarded by a seqlock
+with a pin count. The writer fills a buffer that neither holds the latest version nor is
+pinned, of those the one it wrote last (still in cache: two buffers alternate as in a
+double buffer until a reader pins one), then publishes the new version and its buffer in
+one word. A reader copies the
+buffer that word names and checks the buffer's sequence number did not move while it
+copied; after ``_COPIES_BEFORE_PIN`` such copies were thrown away it pins the buffer
+(a compare-and-swap on the buffer's state) so the writer leaves it alone until the copy
+is done.
 
 Data area of a ``"weights"`` segment (byte offsets from the start of the page-aligned
 data area; every control line is 64 bytes)::
 
     offset     size  written by           contents
-    0          8     writer (release)     VERSION: latest complete version; 0 = none yet;
-                                          the buffer holding it is VERSION % 2
+    0          8     writer (release)     LATEST: 4 * latest complete version + the buffer
+                                          holding it; 0 = nothing published yet
     64         8     creator (release)    CLOSED: 1 once the creator closed the store
     128        16    writer, waiters      event (seq, sleepers) for wait_for_version (wait.py)
-    192        16    writer               buffer 0: SEQ (odd while being written), HELD
-                                          (the version it holds, written inside the SEQ window)
-    256        16    writer               buffer 1: SEQ, HELD
-    320        B     writer               buffer 0: every tensor in metadata order, each at a
+    192        16    readers, writer      event for a writer waiting for a pin to go (wait.py)
+    256        24    writer, readers      buffer 0: STATE = SEQ << 20 | PINS (SEQ odd while
+                                          being written; PINS: readers copying under a pin),
+                                          HELD (the version it holds, written inside the SEQ
+                                          window), PINNER (pid of the reader that pinned it last)
+    320        24    writer, readers      buffer 1: STATE, HELD, PINNER
+    384        24    writer, readers      buffer 2: STATE, HELD, PINNER
+    448        B     writer               buffer 0: every tensor in metadata order, each at a
                                           64-byte aligned offset inside the buffer
-    320 + B    B     writer               buffer 1: the same layout
+    448 + B    B     writer               buffer 1: the same layout
+    448 + 2B   B     writer               buffer 2: the same layout
 
-SEQ and HELD share a line: they have the one writer and readers read them together.
+SEQ and PINS share a word so that the writer's claim of a buffer (PINS == 0, SEQ made odd)
+and a reader's pin (SEQ even, PINS + 1) are single compare-and-swaps that exclude each
+other; HELD and PINNER share their line because readers read and write them together.
 
 Metadata (segment JSON): ``{"buffer_bytes": B, "tensors": [{"name", "dtype" (numpy
 dtype string, e.g. "<f4"), "shape", "offset" (inside a buffer), "nbytes"}, ...]}``.
 ``attach`` recomputes the offsets from names, dtypes and shapes and checks them and
 the segment size against the metadata.
 
-Why a dead writer never hangs a reader: the writer only ever writes the buffer the
-current VERSION does not name, so killing it mid-copy leaves VERSION pointing at a
-complete buffer. A reader whose buffer's SEQ is odd or moved re-reads VERSION, which
-then names the other, complete buffer; it retries only while the writer keeps
-completing publishes. (A reader copies while the writer fills the other buffer, so
-it is starved only by a writer that publishes twice in the time one pull copies;
-``statistics().retries`` counts the copies thrown away.) A new writer may take over
-from a dead one: it skips past the odd SEQ the dead writer left.
+Why a dead writer never hangs a reader: the writer only ever writes a buffer LATEST does
+not name, so killing it mid-copy leaves LATEST naming a complete buffer. A reader whose
+buffer's SEQ is odd or moved re-reads LATEST, which then names a complete buffer; a pin
+is taken only on an even SEQ, and never waits. A new writer may take over from a dead
+one: it skips past the odd SEQ the dead writer left.
+
+Why a slow reader is never starved: a copy is thrown away only when the writer refilled
+its buffer meanwhile, which takes one more publish and the start of another (the writer
+never fills the buffer LATEST names). A reader slower than that
+pins its buffer after ``_COPIES_BEFORE_PIN`` overtaken attempts; the writer does not claim
+a pinned buffer, so the pinned copy completes unless it outlasts ``_PIN_TIMEOUT`` while
+the writer waits (below). ``statistics().pinned_pulls`` counts these pulls,
+``statistics().retries`` the copies thrown away.
+
+Why a dead reader never blocks the writer for long: the writer needs one unpinned buffer
+besides the latest. Only when pins hold both does it wait, on a futex that unpinning
+readers notify. A buffer pinned once, by a PINNER that is no longer alive, it claims at
+once, breaking the pin (resetting PINS); after ``_PIN_TIMEOUT`` seconds it breaks the
+pins of one buffer whoever holds them. A live reader whose pin was broken (its copy took
+that long, or PINNER named a reader that had already unpinned) sees SEQ moved and copies
+again (``statistics().publish_waits`` and ``.pins_broken`` count both sides).
 
 One writer at a time is the caller's contract; it is not checked.
 """
@@ -56,6 +81,7 @@ from shmpad._checks import check_int
 from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, SegmentError, Timeout
 from shmpad.ringbuf.atomics import (
+    cas,
     cpu_pause,
     fence_acquire,
     fence_release,
@@ -64,6 +90,7 @@ from shmpad.ringbuf.atomics import (
     store_relaxed,
     store_release,
 )
+from shmpad.ringbuf.mpmc import pid_alive
 from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
 from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
@@ -72,69 +99,161 @@ __all__ = ["WeightStore", "WeightStoreStatistics"]
 KIND = "weights"
 
 # Byte offsets of the control lines in the data area.
-_VERSION = 0
+_LATEST = 0
 _CLOSED = 64
 _EVENT = 128
-_BUFFER_LINES = (192, 256)
-CONTROL_BYTES = 320
+_PIN_EVENT = 192
+_BUFFER_LINES = 256  # buffer b's line is at _BUFFER_LINES + 64 * b
+BUFFERS = 3
+CONTROL_BYTES = _BUFFER_LINES + BUFFERS * CACHE_LINE
 
-# Kernel return codes in the place of a buffer index (0 and 1 are buffers).
+_PIN_BITS = 20  # STATE = SEQ << _PIN_BITS | PINS
+_PINS = (1 << _PIN_BITS) - 1
+_HELD, _PINNER = 1, 2  # words of a buffer's line after STATE
+_ALL_BUFFERS = (1 << BUFFERS) - 1  # a mask of the buffers whose pins _claim may break
+
+# Kernel return codes in the place of a buffer index (0, 1 and 2 are buffers).
 _NOTHING_NEWER = -1
 _RETRY = -2
 _IS_CLOSED = -3
+_ALL_PINNED = -4
 
+_COPIES_BEFORE_PIN = 2  # discarded copies after which a pull pins its buffer
+_PIN_TIMEOUT = 1.0  # seconds a writer waits for pinned readers before it breaks a pin
 _SPINS = 2000
 _SLEEP_SLICE = 0.1  # seconds per futex sleep, so Ctrl+C and deadlines are noticed
 _NUMERIC_KINDS = "biufc"
 
 
 @njit(nogil=True, cache=True)
+def _line(ctl, b):
+    """The word index of buffer ``b``'s STATE (HELD is the next word)."""
+    return ctl + (_BUFFER_LINES + CACHE_LINE * b) // 8
+
+
+@njit(nogil=True, cache=True)
 def _read_begin(words, ctl, newer_than):
-    """Returns (version, buffer or code, seq). ``ctl`` is the word index of the data area."""
+    """Returns (version, buffer or code, SEQ). ``ctl`` is the word index of the data area."""
     if load_relaxed(words, ctl + _CLOSED // 8) != 0:
         return 0, _IS_CLOSED, 0
-    v = load_acquire(words, ctl + _VERSION // 8)  # pairs with store_release(VERSION) in _write_end
+    latest = load_acquire(words, ctl + _LATEST // 8)  # pairs with store_release(LATEST) in _write_end
+    v = latest >> 2
     if v <= newer_than or v == 0:
         return v, _NOTHING_NEWER, 0
-    b = v & 1
-    line = ctl + (_BUFFER_LINES[1] if b else _BUFFER_LINES[0]) // 8
-    s = load_acquire(words, line)  # pairs with store_release(SEQ even) in _write_end
+    b = latest & 3
+    line = _line(ctl, b)
+    s = load_acquire(words, line) >> _PIN_BITS  # pairs with store_release(STATE) in _write_end
     if s & 1:
         return v, _RETRY, 0  # the writer has moved on twice and is refilling this buffer
-    held = load_relaxed(words, line + 1)  # validated by the SEQ re-check in _read_end
+    held = load_relaxed(words, line + _HELD)  # validated by the SEQ re-check in _read_end
     return held, b, s
 
 
 @njit(nogil=True, cache=True)
 def _read_end(words, ctl, b, s):
     """True when buffer ``b`` was not written since its SEQ read ``s``."""
-    fence_acquire()  # pairs with fence_release in _write_begin: our copy's loads happen before the re-check
-    line = ctl + (_BUFFER_LINES[1] if b else _BUFFER_LINES[0]) // 8
-    return load_relaxed(words, line) == s
+    fence_acquire()  # pairs with fence_release in _claim: our copy's loads happen before the re-check
+    return load_relaxed(words, _line(ctl, b)) >> _PIN_BITS == s
 
 
 @njit(nogil=True, cache=True)
-def _write_begin(words, ctl):
-    """Marks the buffer for the next version odd; returns (next version, buffer or code, odd SEQ)."""
+def _pin(words, ctl, newer_than, pid):
+    """Like _read_begin, with the buffer pinned by ``pid``: the writer will not claim it until
+    _unpin (unless ``pid`` dies or the pin outlasts _PIN_TIMEOUT)."""
+    v = 0
+    for _ in range(_SPINS):
+        if load_relaxed(words, ctl + _CLOSED // 8) != 0:
+            return 0, _IS_CLOSED, 0
+        latest = load_acquire(words, ctl + _LATEST // 8)  # pairs with store_release(LATEST) in _write_end
+        v = latest >> 2
+        if v <= newer_than or v == 0:
+            return v, _NOTHING_NEWER, 0
+        b = latest & 3
+        line = _line(ctl, b)
+        state = load_relaxed(words, line)  # validated by the cas
+        if (state >> _PIN_BITS) & 1 == 0 and state & _PINS != _PINS:
+            # acquire pairs with store_release(STATE) in _write_end (payload and HELD visible);
+            # a claim in _claim after this cas sees PINS > 0 and leaves the buffer alone
+            if cas(words, line, state, state + 1) == state:
+                store_relaxed(words, line + _PINNER, pid)
+                return load_relaxed(words, line + _HELD), b, state >> _PIN_BITS
+        cpu_pause()
+    return v, _RETRY, 0  # the writer or other readers kept changing the word: try again
+
+
+@njit(nogil=True, cache=True)
+def _unpin(words, ctl, b, s):
+    """Drops the pin _pin took at SEQ ``s``; True when the copy made under it is whole
+    (False: the writer broke the pin, reset PINS and may have written meanwhile)."""
+    fence_acquire()  # pairs with fence_release in _claim: our copy's loads happen before the check
+    line = _line(ctl, b)
+    while True:  # a failed cas means another reader pinned or unpinned: it made progress
+        state = load_relaxed(words, line)  # validated by the cas
+        if state >> _PIN_BITS != s:
+            return False
+        # release: our copy's loads stay before it; pairs with the cas in _claim
+        if cas(words, line, state, state - 1) == state:
+            notify(words, ctl + _PIN_EVENT // 8)  # a writer may wait in _claim_or_sleep
+            return True
+
+
+@njit(nogil=True, cache=True)
+def _lone_pinner(words, ctl, b):
+    """PINNER of buffer ``b`` if exactly one reader holds a pin on it, else 0."""
+    line = _line(ctl, b)
+    return load_relaxed(words, line + _PINNER) if load_relaxed(words, line) & _PINS == 1 else 0
+
+
+@njit(nogil=True, cache=True)
+def _claim(words, ctl, breakable):
+    """Makes the SEQ of a buffer for the next version odd; returns (next version, buffer or
+    code, odd SEQ, pins broken). Prefers an unpinned buffer, then breaks the pins of one
+    in the mask ``breakable`` (bit b: buffer b)."""
     if load_acquire(words, ctl + _CLOSED // 8) != 0:  # pairs with store_release(CLOSED) in _close_shared
-        return 0, _IS_CLOSED, 0
-    v = load_relaxed(words, ctl + _VERSION // 8) + 1  # the writer reads its own word
-    b = v & 1
-    line = ctl + (_BUFFER_LINES[1] if b else _BUFFER_LINES[0]) // 8
-    s = load_relaxed(words, line)
-    # An odd SEQ is left by a writer that died (or raised) mid-copy; stay odd but move on.
-    odd = s + 2 if s & 1 else s + 1
-    store_relaxed(words, line, odd)
-    fence_release()  # pairs with fence_acquire in _read_end: odd SEQ is visible before any payload store
-    return v, b, odd
+        return 0, _IS_CLOSED, 0, 0
+    latest = load_relaxed(words, ctl + _LATEST // 8)  # the writer reads its own word
+    v = (latest >> 2) + 1
+    # The spare buffer written last first: it is the one most likely still in cache.
+    first = ((latest & 3) + 1) % BUFFERS
+    second = ((latest & 3) + 2) % BUFFERS
+    if load_relaxed(words, _line(ctl, second) + _HELD) > load_relaxed(words, _line(ctl, first) + _HELD):
+        first, second = second, first
+    for forcing in range(2 if breakable else 1):
+        for k in range(2):
+            b = first if k == 0 else second
+            line = _line(ctl, b)
+            state = load_relaxed(words, line)  # validated by the cas
+            if state & _PINS == 0 or (forcing and (breakable >> b) & 1):
+                seq = state >> _PIN_BITS
+                # An odd SEQ is left by a writer that died (or raised) mid-copy; stay odd but move on.
+                odd = seq + 2 if seq & 1 else seq + 1
+                # acq_rel; pairs with the cas in _pin and _unpin: a pin taken before it fails it,
+                # the copies of readers that unpinned before it happen before our payload stores
+                if cas(words, line, state, odd << _PIN_BITS) == state:
+                    fence_release()  # pairs with fence_acquire in _read_end, _unpin: odd SEQ before payload
+                    return v, b, odd, state & _PINS
+    return v, _ALL_PINNED, 0, 0
+
+
+@njit(nogil=True, cache=True)
+def _claim_or_sleep(words, ctl, timeout_ns):
+    """_claim without force, or _ALL_PINNED after sleeping until a reader unpins or ``timeout_ns``."""
+    ev = ctl + _PIN_EVENT // 8
+    seq = prepare_wait(words, ev)
+    r = _claim(words, ctl, 0)
+    if r[1] == _ALL_PINNED:
+        sleep(words, ev, seq, timeout_ns)
+    finish_wait(words, ev)
+    return r
 
 
 @njit(nogil=True, cache=True)
 def _write_end(words, ctl, v, b, odd):
-    line = ctl + (_BUFFER_LINES[1] if b else _BUFFER_LINES[0]) // 8
-    store_relaxed(words, line + 1, v)  # HELD, inside the SEQ window
-    store_release(words, line, odd + 1)  # pairs with load_acquire(SEQ) in _read_begin: payload and HELD first
-    store_release(words, ctl + _VERSION // 8, v)  # pairs with load_acquire(VERSION) in _read_begin, _wait_newer
+    line = _line(ctl, b)
+    store_relaxed(words, line + _HELD, v)  # inside the SEQ window
+    # No reader changes STATE while SEQ is odd (_pin needs it even, _unpin its old SEQ), so a store suffices.
+    store_release(words, line, (odd + 1) << _PIN_BITS)  # pairs with the STATE loads in _read_begin, _pin
+    store_release(words, ctl + _LATEST // 8, v << 2 | b)  # pairs with load_acquire(LATEST) in readers, waiters
     notify(words, ctl + _EVENT // 8)
 
 
@@ -144,13 +263,13 @@ def _wait_newer(words, ctl, newer_than, timeout_ns):
     for _ in range(_SPINS):
         if load_relaxed(words, ctl + _CLOSED // 8) != 0:
             return _IS_CLOSED
-        v = load_acquire(words, ctl + _VERSION // 8)  # pairs with store_release(VERSION) in _write_end
+        v = load_acquire(words, ctl + _LATEST // 8) >> 2  # pairs with store_release(LATEST) in _write_end
         if v > newer_than:
             return v
         cpu_pause()
     ev = ctl + _EVENT // 8
     seq = prepare_wait(words, ev)
-    v = load_acquire(words, ctl + _VERSION // 8)  # pairs with store_release(VERSION) in _write_end
+    v = load_acquire(words, ctl + _LATEST // 8) >> 2  # pairs with store_release(LATEST) in _write_end
     closed = load_acquire(words, ctl + _CLOSED // 8)  # pairs with store_release(CLOSED) in _close_shared
     if v <= newer_than and closed == 0:
         sleep(words, ev, seq, timeout_ns)
@@ -162,13 +281,14 @@ def _wait_newer(words, ctl, newer_than, timeout_ns):
 
 @njit(nogil=True, cache=True)
 def _load_version(words, ctl):
-    return load_acquire(words, ctl + _VERSION // 8)  # pairs with store_release(VERSION) in _write_end
+    return load_acquire(words, ctl + _LATEST // 8) >> 2  # pairs with store_release(LATEST) in _write_end
 
 
 @njit(nogil=True, cache=True)
 def _close_shared(words, ctl):
     store_release(words, ctl + _CLOSED // 8, 1)  # pairs with the CLOSED loads in readers and waiters
     notify_always(words, ctl + _EVENT // 8)
+    notify_always(words, ctl + _PIN_EVENT // 8)  # a publish waiting for pins
 
 
 _MAX_VERSION = (1 << 63) - 1
@@ -193,6 +313,14 @@ class WeightStoreStatistics:
     """Pulls that copied a version out (pulls that found nothing newer are not counted)."""
     retries: int
     """Copies thrown away because the writer refilled the buffer meanwhile (torn reads avoided)."""
+    pinned_pulls: int
+    """Pulls that pinned their buffer after the writer overtook them ``_COPIES_BEFORE_PIN``
+    times (copies thrown away, or the latest buffer found being refilled)."""
+    publish_waits: int
+    """Publishes that waited because pinned readers held every buffer the writer could fill."""
+    pins_broken: int
+    """Reader pins this handle's publishes broke: pins of readers that died holding them,
+    or pins held longer than ``_PIN_TIMEOUT`` seconds while the writer waited."""
 
 
 def _round_up(n: int, to: int) -> int:
@@ -283,7 +411,7 @@ class WeightStore:
             raise SegmentError(
                 f"weight store {segment.name!r} is damaged: its metadata offsets do not match its tensors"
             )
-        need = CONTROL_BYTES + 2 * buffer_bytes
+        need = CONTROL_BYTES + BUFFERS * buffer_bytes
         if segment.data.nbytes != _round_up(need, PAGE):
             raise SegmentError(
                 f"weight store {segment.name!r} is damaged: its metadata needs {need} data bytes, "
@@ -304,20 +432,23 @@ class WeightStore:
                 .reshape(self._shapes[t["name"]])
                 for t in entries
             ]
-            for start in (CONTROL_BYTES, CONTROL_BYTES + buffer_bytes)
+            for start in (CONTROL_BYTES + b * buffer_bytes for b in range(BUFFERS))
         ]
         self._torch_views: list[list[Any]] | None = None  # torch.from_numpy of _views, made on first use
         self._creator_pid = 0  # set by create: only that handle, in that process, closes the store for all
         self._publishes = 0
         self._pulls = 0
         self._retries = 0
+        self._pinned_pulls = 0
+        self._publish_waits = 0
+        self._pins_broken = 0
 
     @classmethod
     def create(cls, template: Mapping[str, Any] | Any, name: str | None = None) -> "WeightStore":
         """A new store shaped like ``template`` (dict of arrays/tensors, or an nn.Module's
         state dict). Its values are not published; the store starts at version 0."""
         layout = _layout(_template_tensors(_as_mapping(template, "WeightStore.create")))
-        segment = Segment.create(KIND, layout, CONTROL_BYTES + 2 * layout["buffer_bytes"], name=name)
+        segment = Segment.create(KIND, layout, CONTROL_BYTES + BUFFERS * layout["buffer_bytes"], name=name)
         try:
             store = cls(segment)
         except BaseException:
@@ -353,11 +484,15 @@ class WeightStore:
         return int(_load_version(self._words, self._ctl))
 
     def publish(self, state: Mapping[str, Any] | Any) -> int:
-        """Publish a complete new version of every tensor; returns its number. Never
-        waits for readers. ``state`` must have exactly the store's names, shapes and dtypes."""
+        """Publish a complete new version of every tensor; returns its number. Waits only
+        while pinned readers hold both buffers it could fill (see the module docstring), at
+        most ``_PIN_TIMEOUT`` seconds. ``state`` must have exactly the store's names,
+        shapes and dtypes."""
         self._segment()
         sources = self._checked(_as_mapping(state, "publish"))  # GPU -> CPU copies happen here, outside the window
-        v, b, odd = _write_begin(self._words, self._ctl)
+        v, b, odd, _ = _claim(self._words, self._ctl, 0)
+        if b == _ALL_PINNED:
+            v, b, odd = self._claim_waiting()
         if b == _IS_CLOSED:
             self._close_local()
             raise Closed("the weight store was closed")
@@ -367,6 +502,31 @@ class WeightStore:
         self._publishes += 1
         return int(v)
 
+    def _claim_waiting(self) -> tuple[int, int, int]:
+        """_claim's (version, buffer or code, odd SEQ) once a pin goes, or by breaking the
+        pin of a dead reader, or any pin after _PIN_TIMEOUT seconds."""
+        self._publish_waits += 1
+        deadline = time.monotonic() + _PIN_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            breakable = _ALL_BUFFERS if left <= 0 else self._dead_pins()
+            if breakable:
+                v, b, odd, broken = _claim(self._words, self._ctl, breakable)
+                self._pins_broken += int(broken)
+            else:
+                v, b, odd, _ = _claim_or_sleep(self._words, self._ctl, int(min(left, _SLEEP_SLICE) * 1e9))
+            if b != _ALL_PINNED:
+                return v, b, odd
+
+    def _dead_pins(self) -> int:
+        """The mask of buffers pinned once, by a reader that is no longer alive."""
+        mask = 0
+        for b in range(BUFFERS):
+            pid = _lone_pinner(self._words, self._ctl, b)
+            if pid and not pid_alive(pid):
+                mask |= 1 << b
+        return mask
+
     def pull(self, dst: Mapping[str, Any] | Any, newer_than: int | None = None) -> int:
         """Copy the latest version into ``dst`` in place if it is newer than ``newer_than``
         (None, the default: the caller has no version yet, so any published one is newer).
@@ -375,7 +535,8 @@ class WeightStore:
         nn.Module (its state dict), with exactly the store's names, shapes and dtypes;
         it is checked only when there is something to copy. Returns the latest version;
         when that is not newer than ``newer_than``, or is 0 (nothing published), nothing
-        is copied. Never waits for the writer: a copy the writer overtook is retried.
+        is copied. Never waits for the writer: a copy the writer overtook is retried, and
+        after ``_COPIES_BEFORE_PIN`` such copies the pull pins its buffer (module docstring).
         """
         self._segment()
         newer_than = _version_arg(newer_than)
@@ -384,27 +545,56 @@ class WeightStore:
             return int(v)  # the cheap poll: one kernel call; ``dst`` is not even looked at
         targets = self._targets(dst)
         torch_views = self._torch_buffers() if any(is_torch for is_torch, _ in targets) else None
-        while b != _NOTHING_NEWER:
+        for _ in range(_COPIES_BEFORE_PIN):
+            if b == _NOTHING_NEWER:
+                return int(v)
             if b == _IS_CLOSED:
                 self._close_local()
                 raise Closed("the weight store was closed")
             if b != _RETRY:
-                if torch_views is None:
-                    for (_, t), src in zip(targets, self._views[b]):
-                        np.copyto(t, src)
-                else:
-                    with _torch().no_grad():
-                        for (is_torch, t), src, tsrc in zip(targets, self._views[b], torch_views[b]):
-                            if is_torch:
-                                t.copy_(tsrc)
-                            else:
-                                np.copyto(t, src)
+                self._copy(targets, torch_views, b)
                 if _read_end(self._words, self._ctl, b, s):
                     self._pulls += 1
                     return int(v)
-            self._retries += 1
+                self._retries += 1
             v, b, s = _read_begin(self._words, self._ctl, newer_than)
-        return int(v)
+        return self._pull_pinned(targets, torch_views, newer_than)
+
+    def _pull_pinned(
+        self, targets: list[tuple[bool, Any]], torch_views: list[list[Any]] | None, newer_than: int
+    ) -> int:
+        """``pull``'s fallback: copy the latest buffer under a pin."""
+        while True:
+            v, b, s = _pin(self._words, self._ctl, newer_than, os.getpid())
+            if b == _NOTHING_NEWER:
+                return int(v)
+            if b == _IS_CLOSED:
+                self._close_local()
+                raise Closed("the weight store was closed")
+            if b == _RETRY:
+                continue
+            try:
+                self._copy(targets, torch_views, b)
+            finally:
+                whole = _unpin(self._words, self._ctl, b, s)  # also when the copy raised
+            if whole:
+                self._pulls += 1
+                self._pinned_pulls += 1
+                return int(v)
+            self._retries += 1
+
+    def _copy(self, targets: list[tuple[bool, Any]], torch_views: list[list[Any]] | None, b: int) -> None:
+        """Copy buffer ``b`` into ``targets`` (``_targets``'s list)."""
+        if torch_views is None:
+            for (_, t), src in zip(targets, self._views[b]):
+                np.copyto(t, src)
+            return
+        with _torch().no_grad():
+            for (is_torch, t), src, tsrc in zip(targets, self._views[b], torch_views[b]):
+                if is_torch:
+                    t.copy_(tsrc)
+                else:
+                    np.copyto(t, src)
 
     def pull_arrays(self, newer_than: int | None = None) -> tuple[int, dict[str, np.ndarray] | None]:
         """``(version, fresh numpy copies)``, or ``(version, None)`` when nothing newer
@@ -435,7 +625,14 @@ class WeightStore:
 
     def statistics(self) -> WeightStoreStatistics:
         """This handle's counters."""
-        return WeightStoreStatistics(publishes=self._publishes, pulls=self._pulls, retries=self._retries)
+        return WeightStoreStatistics(
+            publishes=self._publishes,
+            pulls=self._pulls,
+            retries=self._retries,
+            pinned_pulls=self._pinned_pulls,
+            publish_waits=self._publish_waits,
+            pins_broken=self._pins_broken,
+        )
 
     def close(self) -> None:
         """Make this handle unusable. On the handle ``create`` returned, in the process
@@ -470,7 +667,7 @@ class WeightStore:
 
     def _close_local(self) -> None:
         self._seg = None
-        self._views = [[], []]
+        self._views = [[] for _ in range(BUFFERS)]
         self._torch_views = None
 
     def _check_names(self, given: Mapping[str, Any]) -> None:
