@@ -8,8 +8,11 @@ The rules, and the measurements behind them (this repository's 2-core CPU machin
 torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side):
 
 - CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 takes
-  0.5-1.2 s; two env workers make 10K+ frames/s), so it gets every core as torch
-  threads (an MLP's tiny update gets one) and the actors one actor with one worker per
+  0.5-1.2 s; two env workers make 10K+ frames/s), yet it gets only half the cores as
+  torch threads (an MLP's tiny update one): the actors keep running beside it, and a
+  torch thread that loses its core stalls the others at every barrier. On 2 cores the
+  whole job ran 1.5-1.6x faster with a 1-thread learner than with a 2-thread one
+  (interleaved rounds, compiled both). The actors get one actor with one worker per
   core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
   convolutional models (1.5x per update after about 20 s of compiling); not for the
   MLP, whose update is overhead, nor for the LSTM core's step loop.
@@ -73,7 +76,7 @@ def make_plan(args: Any, cores: int | None = None) -> Plan:
     else:
         actors = max(1, cores // 8)
         workers = max(1, cores // (2 * actors)) if cores > 2 else max(1, cores)
-        threads = (cores if cores <= 2 else max(1, cores // 2)) if conv else 1
+        threads = max(1, cores // 2) if conv else 1
     actors = args.num_actors or actors
     workers = args.num_workers or workers
     envs = args.envs_per_worker or ENVS_PER_WORKER

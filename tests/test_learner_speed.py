@@ -162,7 +162,7 @@ def _args(**kw):
 @pytest.mark.parametrize(
     "kw, cores, expected",
     [
-        (dict(), 2, (1, 2, 16, 2, True, False)),  # this machine: the learner takes both cores
+        (dict(), 2, (1, 2, 16, 1, True, False)),  # this machine: one learner thread beside the actors
         (dict(model="mlp"), 2, (1, 2, 16, 1, False, False)),
         (dict(), 16, (2, 4, 16, 8, True, False)),
         (dict(device="cuda"), 16, (2, 6, 16, 1, False, True)),
