@@ -4,7 +4,8 @@ before it contributes, a peer SIGKILLed mid-reduction costs the others a few sec
 and a restarted broker is rejoined.
 
 Each peer is ``tests/net_peer.py`` in a process of its own; it prints a JSON line
-per step with a hash of its parameters, buffers and optimiser state.
+per step with a hash of its parameters, buffers and optimiser state. The guarantees
+are tested for both data planes: the shmpad ring and a gloo process group per epoch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fi
 from netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
+from shmpad.net.torchgroup import AUTO_GLOO_FROM, ask, decide
+
+PLANES = ["shmpad", pytest.param("gloo", marks=pytest.mark.slow)]
 
 
 def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[BrokerProcess, list[Peer]]:
@@ -35,9 +39,15 @@ def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[
     return broker, peers
 
 
-def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
-    broker, peers = _group(procs, "p", 3, 10)
-    late = Peer(broker.address, "late")
+def assert_plane(peers: list[Peer], backend: str) -> None:
+    planes = {s["plane"] for p in peers for s in p.steps}
+    assert planes == {backend}, f"the steps went over {planes}, not {backend!r} alone"
+
+
+@pytest.mark.parametrize("backend", PLANES)
+def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs, backend):
+    broker, peers = _group(procs, "p", 3, 10, "g", "--backend", backend)
+    late = Peer(broker.address, "late", "g", "--backend", backend)
     procs.append(late)
     late.wait(lambda p: len(p.steps_with(4)) >= 5, 60, "5 steps in a group of 4")
     for p in peers:
@@ -46,10 +56,12 @@ def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
         p.finish()
     assert late.steps[0]["version"] > 10, "the joiner started from scratch instead of the group's state"
     assert assert_identical([*peers, late]) >= 15
+    assert_plane([*peers, late], backend)
 
 
-def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
-    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048")
+@pytest.mark.parametrize("backend", PLANES)
+def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs, backend):
+    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048", "--backend", backend)
     victim, survivors = peers[0], peers[1:]
     victim.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
@@ -67,10 +79,12 @@ def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
         p.finish()
     assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
     assert_identical(survivors)
+    assert_plane(survivors, backend)
 
 
-def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
-    broker, peers = _group(procs, "r", 2, 5)
+@pytest.mark.parametrize("backend", PLANES)
+def test_peers_rejoin_a_restarted_broker_and_go_on(procs, backend):
+    broker, peers = _group(procs, "r", 2, 5, "g", "--backend", backend)
     old_key = peers[0].steps[-1]["key"].split("/")[0]
     broker.kill()
     broker = BrokerProcess(port=broker.port)
@@ -87,23 +101,32 @@ def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
     for p in peers:
         p.finish()
     assert_identical(peers)
+    assert_plane(peers, backend)
 
 
-def test_peers_on_separate_network_hosts_train_together(procs, netns):
+@pytest.mark.parametrize("backend", PLANES)
+def test_peers_on_separate_network_hosts_train_together(procs, netns, backend):
     spaces = netns(3)
     broker = BrokerProcess(host=spaces[0].gateway)
     procs.append(broker)
-    peers = [Peer(broker.address, f"h{i}", "g", "--host", ns.ip, popen=ns.popen) for i, ns in enumerate(spaces)]
+    peers = [
+        Peer(broker.address, f"h{i}", "g", "--host", ns.ip, "--backend", backend, popen=ns.popen)
+        for i, ns in enumerate(spaces)
+    ]
     procs.extend(peers)
     for p in peers:
         p.wait(lambda p: len(p.steps_with(3)) >= 10, 60, "10 steps in a group of 3")
     for p in peers:
         p.finish()
     assert assert_identical(peers) >= 10
+    assert_plane(peers, backend)
 
 
-def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
-    broker, peers = _group(procs, "s", 3, 5)  # drops a silent member after 5 s
+@pytest.mark.parametrize("backend", PLANES)
+def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs, backend):
+    """For gloo, the case that needs the commit on the ring: the stalled peer's
+    reduction can still complete after the others gave it up."""
+    broker, peers = _group(procs, "s", 3, 5, "g", "--backend", backend)  # drops a silent member after 5 s
     stalled, others = peers[0], peers[1:]
     stalled.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
@@ -118,6 +141,7 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
     for p in peers:
         p.finish()
     assert assert_identical(peers) >= 5
+    assert_plane(peers, backend)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +150,8 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
         ({"host": "0.0.0.0"}, "host '0.0.0.0' is where the other peers connect"),
         ({"min_size": 0}, "min_size must be an int >= 1, got 0"),
         ({"virtual_batch_size": -1}, "virtual_batch_size must be an int >= 0, got -1"),
+        ({"backend": "mpi"}, "backend must be one of 'shmpad', 'gloo', 'nccl', 'auto', got 'mpi'"),
+        ({"backend": "nccl"}, "backend 'nccl' needs CUDA parameters and a torch build with NCCL"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
@@ -245,3 +271,27 @@ def test_weights_that_drift_apart_are_found_and_resynced():
 
     (w0, d0, v0), (w1, d1, v1) = run_peers([body, body], check_every=1)
     assert torch.equal(w0, w1) and d0 == d1 == 1 and v0 == v1 == 3
+
+
+@pytest.mark.parametrize(
+    "everyone, plane",
+    [
+        ([("auto", False)] * 2, "shmpad"),
+        ([("auto", False)] * (AUTO_GLOO_FROM - 1), "shmpad"),
+        ([("auto", False)] * AUTO_GLOO_FROM, "gloo"),
+        ([("auto", False), ("gloo", False)], "gloo"),
+        ([("shmpad", False)] * AUTO_GLOO_FROM, "shmpad"),
+        ([("auto", True)] * 2, "nccl"),
+        ([("auto", False), ("auto", True)], "shmpad"),  # NCCL only if every member can run it
+    ],
+)
+def test_the_members_agree_on_the_data_plane(everyone, plane):
+    assert decide([ask(backend, nccl) for backend, nccl in everyone], "b/1") == plane
+
+
+def test_members_that_ask_for_different_backends_are_told_so():
+    asks = [ask("gloo", False), ask("auto", False), ask("shmpad", False)]
+    with pytest.raises(
+        ValueError, match=r"asked for different backends \(rank 0: 'gloo', rank 1: 'auto', rank 2: 'shmpad'\)"
+    ):
+        decide(asks, "b/1")
