@@ -67,6 +67,10 @@ class Args:
     """print one JSON object per subject, peer count and size instead of a table"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 2 peers, 1 and 16 MB, 1 repetition after 1 warm-up (overrides --peers, --sizes-mb, --reps, --warmup)"""
+    changes: int = 5
+    """repetitions of each member-list change (join, SIGKILL) per backend (0: measure none)"""
+    change_peers: int = 3
+    """group size around the changes: a joiner makes it this many, a SIGKILL this many minus one"""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int]]:
@@ -100,6 +104,7 @@ class Group(Subject):
     in place, ``close()`` leaves."""
 
     how: str
+    averages = False  # True: the result is the mean over the peers, not the sum
 
     def __init__(self, plan: Args):
         super().__init__(plan)
@@ -111,6 +116,9 @@ class Group(Subject):
 
     def join(self, addresses: list[str]) -> None:
         raise NotImplementedError
+
+    def resize(self, array: np.ndarray) -> None:
+        """Untimed, before the repetitions of each size, ``array`` being the one they use."""
 
     def allreduce(self, array: np.ndarray) -> None:
         raise NotImplementedError
@@ -189,19 +197,91 @@ class Gloo(Group):
             dist.destroy_process_group()
 
 
+class Accumulated(Group):
+    """``shmpad.net.Accumulator(backend=...)`` end to end: the gradient (a view of the
+    array) copied out, reduced, averaged and copied back; a broker in rank 0."""
+
+    family = "accumulator"
+    averages = True
+    backend: str
+
+    def listen(self, rank: int, peers: int) -> str:
+        from shmpad.net.broker import Broker
+
+        super().listen(rank, peers)
+        if rank == 0:
+            self._broker = Broker(port=0, token=TOKEN, settle_s=0.05, heartbeat_s=1.0, timeout_s=SETUP_S)
+            return self._broker.address
+        return ""
+
+    def join(self, addresses: list[str]) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self._broker_address = addresses[0]
+        self._acc = None
+
+    def resize(self, array: np.ndarray) -> None:
+        import torch
+
+        from shmpad.net.accumulator import Accumulator
+
+        if self._acc is not None:
+            self._acc.close()
+        self._param = torch.nn.Parameter(torch.zeros(len(array)))
+        self._acc = Accumulator(
+            torch.nn.ParameterList([self._param]),
+            broker=self._broker_address,
+            group=f"{self.backend}-{len(array)}",  # a fresh group per size
+            name=f"rank{self.rank}",
+            token=TOKEN,
+            min_size=self.peers,
+            op_timeout=SETUP_S,
+            check_every=0,
+            backend=self.backend,
+        )
+        if not self._acc.ready(timeout=SETUP_S):
+            raise MeasurementFailed(f"{self.name}: the group of {self.peers} did not form within {SETUP_S} s")
+
+    def allreduce(self, array: np.ndarray) -> None:
+        import torch
+
+        self._param.grad = torch.from_numpy(array)  # the mean is copied back into it
+        if not self._acc.reduce_gradients(1):
+            raise MeasurementFailed(f"{self.name}: a reduction was abandoned (the group changed)")
+
+    def close(self) -> None:
+        if getattr(self, "_acc", None) is not None:
+            self._acc.close()
+        if hasattr(self, "_broker"):
+            self._broker.close()
+
+
+class AccumulatedShmpad(Accumulated):
+    name = "acc-shmpad"
+    backend = "shmpad"
+    how = "Accumulator(backend='shmpad').reduce_gradients(): grad -> flat, ring allreduce, mean -> grad"
+
+
+class AccumulatedGloo(Accumulated):
+    name = "acc-gloo"
+    backend = "gloo"
+    how = "Accumulator(backend='gloo').reduce_gradients(): grad -> flat -> group buffer, gloo allreduce, commit on the ring, mean -> grad"
+
+
 def _timedelta(seconds: float):
     import datetime
 
     return datetime.timedelta(seconds=seconds)
 
 
-SUBJECTS: list[type[Group]] = [Gloo, Shmpad]
+SUBJECTS: list[type[Group]] = [Gloo, Shmpad, AccumulatedGloo, AccumulatedShmpad]
 
 
 def missing(subject: type[Group]) -> str | None:
     """Why ``subject`` cannot run here, or None."""
     try:
-        if subject.name == "gloo":
+        if subject.name in ("gloo", "acc-gloo"):
             import torch.distributed as dist
 
             if not dist.is_available() or not dist.is_gloo_available():
@@ -248,14 +328,17 @@ class Worker:
     def work(self) -> dict[tuple[str, int], list[float]]:
         """Seconds per timed operation, by (subject, size)."""
         times: dict[tuple[str, int], list[float]] = {}
-        expected = self.peers * (self.peers + 1) // 2
+        total = self.peers * (self.peers + 1) // 2
         try:
             for size in self.sizes:
                 array = np.empty(size // 4, np.float32)
+                for g in self.groups:
+                    g.resize(array)
                 for rep in range(self.args.warmup + self.args.reps):
                     order = self.groups if rep % 2 == 0 else self.groups[::-1]
                     for g in order:
                         array.fill(self.rank + 1)
+                        expected = total / self.peers if g.averages else total
                         self._step.wait(OP_BUDGET_S * 4)
                         t0 = perf_counter()
                         g.allreduce(array)
@@ -343,9 +426,9 @@ def gb_per_s(size: int, seconds: list[float] | None) -> float | None:
     return None if not seconds else size / statistics.median(seconds) / 1e9
 
 
-def ratio(results: dict, peers: int, size: int) -> float | None:
-    """Median over repetitions of shmpad's GB/s over gloo's."""
-    a, b = results.get(("shmpad", peers, size)), results.get(("gloo", peers, size))
+def ratio(results: dict, peers: int, size: int, mine: str = "shmpad", theirs: str = "gloo") -> float | None:
+    """Median over repetitions of ``mine``'s GB/s over ``theirs``'."""
+    a, b = results.get((mine, peers, size)), results.get((theirs, peers, size))
     if not a or not b:
         return None
     return statistics.median(tb / ta for ta, tb in zip(a, b))
@@ -367,18 +450,22 @@ def print_table(
         f"after {args.warmup} warm-up(s); GB/s = tensor bytes / time of the slowest peer."
     )
     for s in subjects:
-        print(f"  {s.name:<7} {s.how}")
+        print(f"  {s.name:<10} {s.how}")
     names = [s.name for s in subjects]
     print()
     print(
-        f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' GB/s':>12}" for n in names) + f" {'shmpad/gloo':>12}  target"
+        f"  {'peers':>5} {'size':>7}"
+        + "".join(f" {n + ' GB/s':>15}" for n in names)
+        + f" {'shmpad/gloo':>12} {'acc s/g':>8}  target"
     )
     for peers in peer_counts:
         for size in sizes:
             r = ratio(results, peers, size)
+            acc = ratio(results, peers, size, "acc-shmpad", "acc-gloo")
             target = verdict(at_least(r, TARGET_RATIO)) if size in TARGET_SIZES else ""
-            rates = "".join(f" {fmt_gbs(gb_per_s(size, results.get((n, peers, size)))):>12}" for n in names)
-            print(f"  {peers:>5} {fmt_size(size):>7}{rates} {fmt_ratio(r):>12}  {target}")
+            rates = "".join(f" {fmt_gbs(gb_per_s(size, results.get((n, peers, size)))):>15}" for n in names)
+            print(f"  {peers:>5} {fmt_size(size):>7}{rates} {fmt_ratio(r):>12} {fmt_ratio(acc):>8}  {target}")
+    print("  acc s/g: the accumulator's end-to-end reduction, backend='shmpad' over backend='gloo'")
 
 
 def targets(results: dict, peer_counts: list[int], sizes: list[int]) -> list[str]:
@@ -428,7 +515,13 @@ def main(argv: list[str] | None = None) -> int:
                         "gb_per_s": gb_per_s(size, seconds),
                         "median_ms": None if not seconds else statistics.median(seconds) * 1e3,
                         "reps": len(seconds or []),
-                        "ratio_to_gloo": ratio(results, peers, size) if s.name == "shmpad" else None,
+                        "ratio_to_gloo": (
+                            ratio(results, peers, size)
+                            if s.name == "shmpad"
+                            else ratio(results, peers, size, s.name, "acc-gloo")
+                            if s.name == "acc-shmpad"
+                            else None
+                        ),
                     }
                     print(json.dumps(record), flush=True)
         out = sys.stderr

@@ -385,7 +385,7 @@ class Accumulator:
         the next ring)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
-        flat = self._flat
+        flat = self._staging()
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
                 flat[a:b] = 0
@@ -393,15 +393,23 @@ class Accumulator:
                 flat[a:b] = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
         flat[-2] = batch_size
         flat[-1] = 1.0 if batch_size > 0 else 0.0
-        return self._reduce()
+        return self._reduce(flat)
 
     def skip_gradients(self) -> bool:
         """Take part in the group's reduction without contributing (zero gradients,
         not counted in the average). Returns what ``reduce_gradients`` would."""
-        self._flat[:] = 0
-        return self._reduce()
+        flat = self._staging()
+        flat[:] = 0
+        return self._reduce(flat)
 
-    def _reduce(self) -> bool:
+    def _staging(self) -> np.ndarray:
+        """Where to gather the gradients: the process group's own buffer (which saves
+        two copies), else ours. Should the plane change before ``_reduce``, that
+        reduction copies from it or is abandoned; either way nothing is torn."""
+        plane = self._plane
+        return plane.buffer(len(self._flat)) if isinstance(plane, TorchGroup) else self._flat
+
+    def _reduce(self, flat: np.ndarray) -> bool:
         with self._lock:
             ring, plane = self._ring, self._plane
         if ring is None and self._closed:
@@ -411,7 +419,7 @@ class Accumulator:
         try:
             if self.check_every and self.version % self.check_every == 0 and self.version != self._checked:
                 self._check(ring)
-            plane.allreduce(self._flat)
+            plane.allreduce(flat)
         except Abandoned as e:
             self.abandoned += 1
             log.info("%s: reduction abandoned: %s", self.name, e)
@@ -421,9 +429,9 @@ class Accumulator:
                 p.grad = None
             return False
         n = len(self._sum)
-        self._sum += self._flat[:n]
-        self._sum_batch += float(self._flat[-2])
-        self._sum_count += float(self._flat[-1])
+        self._sum += flat[:n]
+        self._sum_batch += float(flat[-2])
+        self._sum_count += float(flat[-1])
         if self._sum_count == 0 or self._sum_batch < self.virtual_batch_size:
             return False
         mean = self._sum / np.float32(self._sum_count)

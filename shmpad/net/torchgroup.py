@@ -202,8 +202,9 @@ class TorchGroup:
         """Replace the float32 ``array`` (the same size on every member) by the sum over
         the group, in place. ``Abandoned`` when the group was closed, a member went
         away or stayed silent past the timeout, or the commit on the ring failed."""
-        tensor, staged = self._buffer(len(array))
-        np.copyto(staged, array)
+        tensor, staged = self._buffers.get(len(array)) or self._make_buffer(len(array))
+        if array is not staged:
+            np.copyto(staged, array)
         if self._device.type != "cpu":
             tensor.copy_(torch.from_numpy(staged), non_blocking=False)
         wake = threading.Event()
@@ -227,16 +228,21 @@ class TorchGroup:
         self.ring.allreduce(np.zeros(1, np.int64))  # the commit (module docstring)
         if self._device.type != "cpu":
             staged[:] = tensor.cpu().numpy()
-        np.copyto(array, staged)
+        if array is not staged:
+            np.copyto(array, staged)
 
-    def _buffer(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
-        """The group's own buffer of ``n`` float32 (an abandoned operation may still write
-        into it, so it is never the caller's array)."""
-        if n not in self._buffers:
-            staged = np.zeros(n, np.float32)
-            tensor = torch.from_numpy(staged) if self._device.type == "cpu" else torch.zeros(n, device=self._device)
+    def buffer(self, n: int) -> np.ndarray:
+        """The group's own host buffer of ``n`` float32: ``allreduce`` of it saves copying
+        in and out. Once the group is closed an abandoned operation may still write into
+        it, so a caller takes a new one from the next group."""
+        return (self._buffers.get(n) or self._make_buffer(n))[1]
+
+    def _make_buffer(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        staged = np.zeros(n, np.float32)
+        tensor = torch.from_numpy(staged) if self._device.type == "cpu" else torch.zeros(n, device=self._device)
+        with self._lock:
             self._buffers[n] = (tensor, staged)
-        return self._buffers[n]
+        return tensor, staged
 
     # -------------------------------------------------------------- lifetime
 
