@@ -4,6 +4,7 @@
     python -m bench.allreduce --quick                  # one short round: 2 peers, 1 and 16 MB, 1 repetition
     python -m bench.allreduce --peers 4 --sizes-mb 64 --reps 15
     python -m bench.allreduce --json                   # one JSON object per subject, peer count and size
+    python -m bench.allreduce --peers 2 --changes 0    # the bandwidth table only, no member-list changes
 
 Method. For each peer count, that many worker processes are forked afresh from this
 one (which only waits) and join both subjects' groups: a shmpad ``Mesh`` ring over
@@ -35,6 +36,7 @@ from time import perf_counter
 
 import numpy as np
 
+from bench.allreduce_change import measure_changes, print_changes
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, run_main
 from bench.report import at_least, finish, fmt_ratio, verdict
@@ -78,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int
     args = Args(**vars(parser.parse_args(argv)))
     if args.quick:
         args.peers, args.sizes_mb, args.reps, args.warmup = "2", "1,16", 1, 1
+        args.changes = min(args.changes, 1)
     try:
         peers = [int(p) for p in args.peers.split(",") if p.strip()]
         sizes = [int(float(s) * (1 << 20)) // 4 * 4 for s in args.sizes_mb.split(",") if s.strip()]
@@ -91,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int
         parser.error(f"--reps must be >= 1 and --warmup >= 0, got {args.reps} and {args.warmup}")
     if args.chunk_kib < 0:
         parser.error(f"--chunk-kib must be >= 0, got {args.chunk_kib}")
+    if args.changes < 0 or args.change_peers < 2:
+        parser.error(f"--changes must be >= 0 and --change-peers >= 2, got {args.changes} and {args.change_peers}")
     return args, peers, sizes
 
 
@@ -502,6 +507,13 @@ def main(argv: list[str] | None = None) -> int:
         for (name, size), seconds in measured.items():
             results[(name, peers, size)] = seconds
         print(f"{peers} peers done, {time.monotonic() - started:.0f} s", file=sys.stderr)
+    changes: dict[tuple[str, str], list[float]] = {}
+    if args.changes:
+        changes, failed = measure_changes(args.change_peers, args.changes)
+        failures.extend(failed)
+        for failure in failed:
+            print(f"FAILED {failure}", file=sys.stderr)
+        print(f"member-list changes done, {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     if args.json:
         for peers in peer_counts:
@@ -524,9 +536,20 @@ def main(argv: list[str] | None = None) -> int:
                         ),
                     }
                     print(json.dumps(record), flush=True)
+        for (backend, event), seconds in changes.items():
+            record = {
+                "change": event,
+                "backend": backend,
+                "peers": args.change_peers,
+                "median_s": statistics.median(seconds),
+                "seconds": seconds,
+            }
+            print(json.dumps(record), flush=True)
         out = sys.stderr
     else:
         print_table(results, subjects, peer_counts, sizes, args)
+        if changes:
+            print_changes(changes, args.change_peers, args.changes)
         out = sys.stdout
     target = f"shmpad >= {TARGET_RATIO:g}x gloo's GB/s at 16 and 64 MB"
     return finish(target, targets(results, peer_counts, sizes), failures, started, out)
