@@ -11,17 +11,20 @@ are tested for both data planes: the shmpad ring and a gloo process group per ep
 from __future__ import annotations
 
 import signal
+import socket
+import subprocess
 import threading
 import time
 
 import pytest
 import torch
-from helpers import wait_until
+from helpers import track_pid, wait_until
 from net_procs import Broker as BrokerProcess
 from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
+from shmpad.net.envcluster import from_env
 from shmpad.net.torchgroup import AUTO_GLOO_FROM, ask, decide
 
 PLANES = ["shmpad", pytest.param("gloo", marks=pytest.mark.slow)]
@@ -295,3 +298,59 @@ def test_members_that_ask_for_different_backends_are_told_so():
         ValueError, match=r"asked for different backends \(rank 0: 'gloo', rank 1: 'auto', rank 2: 'shmpad'\)"
     ):
         decide(asks, "b/1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_cluster_peer(port: int, rank: int, size: int):
+    """A ``Peer`` popen that starts ``tests/net_peer.py`` as rank ``rank`` of a torchrun-style cluster."""
+
+    def popen(args, env, **pipes):
+        cluster = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(size)}
+        proc = subprocess.Popen(args, env={**env, **cluster}, start_new_session=True, **pipes)
+        track_pid(proc.pid)
+        return proc
+
+    return popen
+
+
+def test_a_torchrun_style_cluster_from_the_environment_trains_together(procs):
+    port = free_port()
+    peers = [Peer("env://", f"rank{r}", "g", popen=env_cluster_peer(port, r, 3)) for r in (2, 1, 0)]
+    procs.extend(peers)
+    for p in peers:
+        p.wait(lambda p: len(p.steps_with(3)) >= 5, 60, "5 steps in a group of 3")
+    leaving = time.monotonic()  # from here on the ranks leave one by one, and the rest go on
+    for p in peers:
+        p.finish()
+    assert assert_identical(peers) >= 5
+    early = [s for p in peers for s in p.steps if s["size"] != 3 and s["t"] < leaving]
+    assert not early, f"steps taken before all 3 ranks were in: {early[:3]}"
+
+
+@pytest.mark.parametrize(
+    "environ, match",
+    [
+        ({}, "env:// needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE set; missing: MASTER_ADDR, MASTER_PORT"),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "x", "RANK": "0", "WORLD_SIZE": "2"},
+            "MASTER_PORT must be an integer, got 'x'",
+        ),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "1", "RANK": "2", "WORLD_SIZE": "2"},
+            "RANK must be in 0..1 for WORLD_SIZE 2, got 2",
+        ),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "2"},
+            "MASTER_PORT must be in 1..65535, got 0",
+        ),
+    ],
+)
+def test_a_bad_cluster_environment_is_named(environ, match):
+    env = {"RANK": "0", "WORLD_SIZE": "2"} if not environ else environ
+    with pytest.raises(ValueError, match=match):
+        from_env(env)

@@ -34,9 +34,11 @@ import torch
 
 from shmpad.errors import Abandoned
 from shmpad.net.allreduce import PeerRing
+from shmpad.net.envcluster import ENV_URL, from_env
 from shmpad.net.group import GroupClient, Membership
 from shmpad.net.mesh import Mesh
 from shmpad.net.torchgroup import TorchGroup, check_backend, choose
+from shmpad.net.wire import parse_address
 
 __all__ = ["Accumulator"]
 
@@ -48,7 +50,9 @@ the broker to force one"""
 
 
 class Accumulator:
-    """Averages gradients of ``model`` across the peers of ``group`` at ``broker``.
+    """Averages gradients of ``model`` across the peers of ``group`` at ``broker``
+    (``"host:port"``, or ``"env://"``: a torchrun-style fixed cluster whose rank 0
+    serves the broker, see ``shmpad.net.envcluster``).
 
     ``optimizer`` and ``scheduler`` (optional) are part of the state a joining peer
     receives. ``virtual_batch_size`` (0: every reduction) is the summed batch size a
@@ -121,6 +125,12 @@ class Accumulator:
                 f"host {host!r} is where the other peers connect to this one, so it must be an address they "
                 f"can reach (this host's own), not a wildcard"
             )
+        self._served = None  # the broker this process serves: rank 0 of an env:// cluster
+        cluster = None
+        if broker == ENV_URL:
+            cluster = from_env()
+            broker, name = cluster.broker, name or f"rank{cluster.rank}"
+            min_size = self.min_size = max(min_size, cluster.world_size)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._cuda = bool(self.params) and all(p.is_cuda for p in self.params)
@@ -149,9 +159,15 @@ class Accumulator:
         self._forming: str | None = None  # key of the ring being formed
         self._mesh = Mesh(host, port, token)
         try:
+            if cluster is not None and cluster.serves_broker:
+                from shmpad.net.broker import Broker
+
+                self._served = Broker(*parse_address(broker), token=token)
             self._group = GroupClient(broker, group, self.name, self._mesh.address, token)
         except BaseException:
             self._mesh.close()
+            if self._served is not None:
+                self._served.close()
             raise
         self._group.add_listener(self._on_membership)
         self._group.start()
@@ -466,6 +482,8 @@ class Accumulator:
             ring.close()
         self._mesh.close()  # also abandons a ring still forming
         group.close()
+        if self._served is not None:
+            self._served.close()
 
     def __enter__(self) -> Accumulator:
         return self
