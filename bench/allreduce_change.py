@@ -20,8 +20,8 @@ Backends and events alternate from one repetition to the next; tables show media
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
-import queue
 import signal
 import statistics
 import time
@@ -40,7 +40,8 @@ LIFETIME_S = 180.0
 
 
 def learner(broker: str, name: str, backend: str, min_size: int, events, stop) -> None:
-    """One forked learner: join, reduce until ``stop``, report each step to ``events``."""
+    """One forked learner: join, reduce until ``stop``, report each step on ``events``,
+    a pipe of its own (a shared queue's lock dies held with a SIGKILLed learner)."""
     die_with_parent(os.getppid())
     signal.alarm(int(LIFETIME_S))
     import torch
@@ -53,14 +54,14 @@ def learner(broker: str, name: str, backend: str, min_size: int, events, stop) -
     acc = Accumulator(
         model, broker=broker, group="g", name=name, token=TOKEN, min_size=min_size, check_every=0, backend=backend
     )
-    events.put(("joined", name, time.monotonic(), 0))
+    events.send(("joined", name, time.monotonic(), 0))
     try:
         while not stop.is_set():
             if not acc.ready(timeout=0.2):
                 continue
             param.grad = torch.ones(MODEL_FLOATS)
             if acc.reduce_gradients(1):
-                events.put(("step", name, time.monotonic(), acc.size))
+                events.send(("step", name, time.monotonic(), acc.size))
     finally:
         acc.close()
 
@@ -73,35 +74,42 @@ class Run:
 
         self.backend, self.peers = backend, peers
         self.broker = Broker(port=0, token=TOKEN, settle_s=SETTLE_S, heartbeat_s=0.5, timeout_s=5.0)
-        self.events = FORK.Queue()
         self.stop = FORK.Event()
+        self.pipes: dict[object, str] = {}  # the read end of each learner's pipe
         self.procs: dict[str, object] = {}
         self.steps: dict[str, list[tuple[float, int]]] = {}
         self.joined: dict[str, float] = {}
 
     def start(self, name: str, min_size: int) -> None:
-        args = (self.broker.address, name, self.backend, min_size, self.events, self.stop)
+        read, write = FORK.Pipe(duplex=False)
+        args = (self.broker.address, name, self.backend, min_size, write, self.stop)
         proc = FORK.Process(target=learner, args=args, daemon=True, name=name)
         proc.start()
+        write.close()
         self.procs[name] = proc
+        self.pipes[read] = name
         self.steps[name] = []
 
     def until(self, done, what: str) -> None:
         """Take events until ``done()``; ``MeasurementFailed`` after ``WAIT_S`` or when a learner dies."""
         deadline = time.monotonic() + WAIT_S
         while not done():
-            try:
-                kind, name, t, size = self.events.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
-            except queue.Empty:
-                dead = [n for n, p in self.procs.items() if p.exitcode not in (None, 0, -signal.SIGKILL)]
-                if dead or time.monotonic() > deadline:
-                    why = f"learner {dead[0]} exited with code {self.procs[dead[0]].exitcode}" if dead else "timed out"
-                    raise MeasurementFailed(f"{self.backend}, {self.peers} peers: {why} waiting for {what}") from None
-                continue
-            if kind == "joined":
-                self.joined[name] = t
-            else:
-                self.steps[name].append((t, size))
+            ready = multiprocessing.connection.wait(list(self.pipes), timeout=0.5)
+            dead = [n for n, p in self.procs.items() if p.exitcode not in (None, 0, -signal.SIGKILL)]
+            if dead or time.monotonic() > deadline:
+                why = f"learner {dead[0]} exited with code {self.procs[dead[0]].exitcode}" if dead else "timed out"
+                raise MeasurementFailed(f"{self.backend}, {self.peers} peers: {why} waiting for {what}")
+            for pipe in ready:
+                try:
+                    kind, name, t, size = pipe.recv()
+                except EOFError:  # that learner is gone
+                    del self.pipes[pipe]
+                    pipe.close()
+                    continue
+                if kind == "joined":
+                    self.joined[name] = t
+                else:
+                    self.steps[name].append((t, size))
 
     def stepped(self, names, size: int, after: float, count: int = 1) -> bool:
         return all(sum(1 for t, s in self.steps[n] if s == size and t > after) >= count for n in names)
@@ -115,7 +123,8 @@ class Run:
             p.join(10)
         end(list(self.procs.values()))
         self.broker.close()
-        self.events.close()
+        for pipe in self.pipes:
+            pipe.close()
 
 
 def measure_change(backend: str, peers: int, event: str) -> float:
