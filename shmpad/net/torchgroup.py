@@ -72,6 +72,7 @@ AUTO_GLOO_FROM = 4
 this size on (``python -m bench.allreduce``: the ring is faster at 2 and 3 peers and
 ties gloo at 4, see the README's figures)"""
 GRACE_S = 5.0  # past the group's own timeout, how long a wait lasts before the caller gives up
+FORM_TIMEOUT_S = 10.0  # at most this long for the members' addresses to meet in the store
 
 
 def check_backend(backend: str, cuda: bool) -> None:
@@ -156,6 +157,7 @@ class TorchGroup:
 
     def _rendezvous(self, host: str):
         timeout = datetime.timedelta(seconds=self.timeout)
+        forming = datetime.timedelta(seconds=min(self.timeout, FORM_TIMEOUT_S))
         ring = self.ring
         listening = None
         ticket = None
@@ -171,13 +173,18 @@ class TorchGroup:
                 info["port"],
                 self.size,
                 is_master=ring.rank == 0,
-                timeout=timeout,
+                timeout=forming,  # how long a member's keys may keep the others waiting
                 wait_for_workers=False,
                 master_listen_fd=listening.fileno() if listening is not None else None,
             )
-        finally:
+        except BaseException as e:
             if listening is not None:
-                listening.detach()  # the store owns the descriptor now
+                listening.close()
+            if isinstance(e, RuntimeError):  # the leader's store went away (DistStoreError is one)
+                raise Abandoned(f"the store of ring {self.key!r} could not be reached: {_first_line(e)}") from None
+            raise
+        if listening is not None:
+            listening.detach()  # the store owns (and closes) the descriptor now
         prefixed = dist.PrefixStore(f"shmpad/{self.key}/{info['prefix']}/", store)
         try:
             if self.backend == "gloo":
