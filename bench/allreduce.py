@@ -45,6 +45,7 @@ from bench.subject import Subject, available, select
 TOKEN = "bench-allreduce"
 TARGET_RATIO = 1.0
 TARGET_SIZES = (16 << 20, 64 << 20)
+CPU = "cpu:"  # results keyed (CPU + subject, ...) are CPU seconds, not wall-clock seconds
 # Forming both groups may take this long; a worker's whole life is bounded by it plus
 # a generous time per operation.
 SETUP_S = 60.0
@@ -331,7 +332,8 @@ class Worker:
             g.join(addresses)
 
     def work(self) -> dict[tuple[str, int], list[float]]:
-        """Seconds per timed operation, by (subject, size)."""
+        """Seconds per timed operation, by (subject, size); and by (CPU + subject, size)
+        the CPU seconds (user and system, every thread of this process) it took."""
         times: dict[tuple[str, int], list[float]] = {}
         total = self.peers * (self.peers + 1) // 2
         try:
@@ -345,15 +347,16 @@ class Worker:
                         array.fill(self.rank + 1)
                         expected = total / self.peers if g.averages else total
                         self._step.wait(OP_BUDGET_S * 4)
-                        t0 = perf_counter()
+                        c0, t0 = time.process_time(), perf_counter()
                         g.allreduce(array)
-                        elapsed = perf_counter() - t0
+                        elapsed, cpu = perf_counter() - t0, time.process_time() - c0
                         if array[0] != expected or array[-1] != expected or array[len(array) // 2] != expected:
                             raise AssertionError(
                                 f"{g.name}: allreduce of {size} bytes gave {array[0]}, expected {expected}"
                             )
                         if rep >= self.args.warmup:
                             times.setdefault((g.name, size), []).append(elapsed)
+                            times.setdefault((CPU + g.name, size), []).append(cpu)
         finally:
             for g in self.groups:
                 g.close()
@@ -367,7 +370,8 @@ def measure(
     peers: int, sizes: list[int], subjects: list[type[Group]], args: Args
 ) -> dict[tuple[str, int], list[float]]:
     """Fork ``peers`` workers, relay their addresses, and return the slowest worker's
-    seconds per operation, by (subject, size)."""
+    seconds per operation, by (subject, size), and the CPU seconds of all workers
+    together, by (CPU + subject, size)."""
     ops = len(subjects) * len(sizes) * (args.reps + args.warmup)
     lifetime = SETUP_S + START_TIMEOUT_S + ops * OP_BUDGET_S * max(1, max(sizes) >> 26)
     links = [(FORK.Pipe(duplex=False), FORK.Pipe(duplex=False)) for _ in range(peers)]  # (to parent, to worker)
@@ -404,7 +408,8 @@ def measure(
             pipe.close()
     slowest: dict[tuple[str, int], list[float]] = {}
     for key in results[0][1]:
-        slowest[key] = [max(ts) for ts in zip(*(r[1][key] for r in results))]
+        combine = sum if key[0].startswith(CPU) else max
+        slowest[key] = [combine(ts) for ts in zip(*(r[1][key] for r in results))]
     return slowest
 
 
@@ -471,6 +476,19 @@ def print_table(
             rates = "".join(f" {fmt_gbs(gb_per_s(size, results.get((n, peers, size)))):>15}" for n in names)
             print(f"  {peers:>5} {fmt_size(size):>7}{rates} {fmt_ratio(r):>12} {fmt_ratio(acc):>8}  {target}")
     print("  acc s/g: the accumulator's end-to-end reduction, backend='shmpad' over backend='gloo'")
+    print()
+    print(
+        "CPU per operation, every peer together (user + system seconds of all their threads), ms; "
+        "on a loopback box the peers share its cores, so the subject that burns less CPU per byte wins "
+        "once they are all busy"
+    )
+    print(f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' CPU':>15}" for n in names) + f" {'shmpad/gloo':>12}")
+    for peers in peer_counts:
+        for size in sizes:
+            cpu = [results.get((CPU + n, peers, size)) for n in names]
+            cells = "".join(f" {'failed' if not c else f'{statistics.median(c) * 1e3:.1f}':>15}" for c in cpu)
+            r = ratio(results, peers, size, CPU + "gloo", CPU + "shmpad")  # CPU of shmpad over gloo's
+            print(f"  {peers:>5} {fmt_size(size):>7}{cells} {fmt_ratio(r):>12}")
 
 
 def targets(results: dict, peer_counts: list[int], sizes: list[int]) -> list[str]:
@@ -526,6 +544,11 @@ def main(argv: list[str] | None = None) -> int:
                         "size_bytes": size,
                         "gb_per_s": gb_per_s(size, seconds),
                         "median_ms": None if not seconds else statistics.median(seconds) * 1e3,
+                        "cpu_ms_all_peers": (
+                            statistics.median(results[(CPU + s.name, peers, size)]) * 1e3
+                            if results.get((CPU + s.name, peers, size))
+                            else None
+                        ),
                         "reps": len(seconds or []),
                         "ratio_to_gloo": (
                             ratio(results, peers, size)

@@ -2,15 +2,17 @@
 
 Every peer trains its own copy of the model on its own data. After each backward
 pass it hands its gradients to ``reduce_gradients(batch_size)``; the peers of the
-group sum them over TCP (``shmpad.net.allreduce``), together with how many samples
-and contributions they stand for. Once the summed batch size reaches the virtual
+group sum them over TCP (``shmpad.net.allreduce``), or through the epoch's
+torch.distributed process group (``shmpad.net.torchgroup``: ``backend="gloo"``,
+``"nccl"``), together with how many samples and contributions they stand for. Once the summed batch size reaches the virtual
 batch size, every peer holds the same averaged gradient (sum / contributions) and
 takes the same optimiser step, so the weights stay bit-identical without ever being
 sent again.
 
 Membership comes from the broker (``shmpad.net.group``). When it changes, the ring
 in flight is closed, so a reduction it carried is abandoned on every peer and its
-gradients dropped, and the next call forms a ring of the new members. A new ring
+gradients dropped (a process group of that epoch is closed the same way), and the
+next call forms a ring of the new members, and their process group if any. A new ring
 starts with a state sync: the peer with the highest model version (then the lowest
 rank) broadcasts its parameters, buffers, optimiser and scheduler state and model
 version, and everyone loads them. A joining peer thus receives the current model

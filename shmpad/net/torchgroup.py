@@ -11,6 +11,11 @@ makes that epoch's ``torch.distributed`` process group::
     ProcessGroupGloo/NCCL(PrefixStore(prefix, store), rank, size, timeout)   (the same, as a client)
     ring.allreduce (a barrier): every member is connected; from here the store is idle
 
+Forming the group waits for the members' keys in the store for up to the group's
+timeout, and c10d looks up the name of every address it connects to: where the DNS
+server cannot be reached, each lookup waits out the resolver's timeout (glibc's
+``RES_OPTIONS="timeout:1 attempts:1"`` shortens it).
+
 No global state: the group is a ``ProcessGroupGloo``/``ProcessGroupNCCL`` object of
 its own, never ``init_process_group``, so a process may hold several accumulators and
 a group change never restarts a process. A change closes the epoch's group
@@ -72,7 +77,6 @@ AUTO_GLOO_FROM = 4
 this size on (``python -m bench.allreduce``: the ring is faster at 2 and 3 peers and
 ties gloo at 4, see the README's figures)"""
 GRACE_S = 5.0  # past the group's own timeout, how long a wait lasts before the caller gives up
-FORM_TIMEOUT_S = 10.0  # at most this long for the members' addresses to meet in the store
 
 
 def check_backend(backend: str, cuda: bool) -> None:
@@ -157,7 +161,6 @@ class TorchGroup:
 
     def _rendezvous(self, host: str):
         timeout = datetime.timedelta(seconds=self.timeout)
-        forming = datetime.timedelta(seconds=min(self.timeout, FORM_TIMEOUT_S))
         ring = self.ring
         listening = None
         ticket = None
@@ -173,7 +176,9 @@ class TorchGroup:
                 info["port"],
                 self.size,
                 is_master=ring.rank == 0,
-                timeout=forming,  # how long a member's keys may keep the others waiting
+                # how long a member's keys may keep the others waiting; not less: c10d's client
+                # looks up names, and where DNS cannot be reached that alone took 10 s (netns test)
+                timeout=timeout,
                 wait_for_workers=False,
                 master_listen_fd=listening.fileno() if listening is not None else None,
             )
