@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import multiprocessing.connection
 import os
+import resource
 import statistics
 import sys
 import time
@@ -46,6 +47,7 @@ TOKEN = "bench-allreduce"
 TARGET_RATIO = 1.0
 TARGET_SIZES = (16 << 20, 64 << 20)
 CPU = "cpu:"  # results keyed (CPU + subject, ...) are CPU seconds, not wall-clock seconds
+SYS = "cpu:sys:"  # ... and (SYS + subject, ...) the system (kernel) part of them
 # Forming both groups may take this long; a worker's whole life is bounded by it plus
 # a generous time per operation.
 SETUP_S = 60.0
@@ -347,16 +349,18 @@ class Worker:
                         array.fill(self.rank + 1)
                         expected = total / self.peers if g.averages else total
                         self._step.wait(OP_BUDGET_S * 4)
-                        c0, t0 = time.process_time(), perf_counter()
+                        c0, t0 = resource.getrusage(resource.RUSAGE_SELF), perf_counter()
                         g.allreduce(array)
-                        elapsed, cpu = perf_counter() - t0, time.process_time() - c0
+                        elapsed, c1 = perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
                         if array[0] != expected or array[-1] != expected or array[len(array) // 2] != expected:
                             raise AssertionError(
                                 f"{g.name}: allreduce of {size} bytes gave {array[0]}, expected {expected}"
                             )
                         if rep >= self.args.warmup:
                             times.setdefault((g.name, size), []).append(elapsed)
-                            times.setdefault((CPU + g.name, size), []).append(cpu)
+                            system = c1.ru_stime - c0.ru_stime
+                            times.setdefault((CPU + g.name, size), []).append(c1.ru_utime - c0.ru_utime + system)
+                            times.setdefault((SYS + g.name, size), []).append(system)
         finally:
             for g in self.groups:
                 g.close()
@@ -441,7 +445,15 @@ def ratio(results: dict, peers: int, size: int, mine: str = "shmpad", theirs: st
     a, b = results.get((mine, peers, size)), results.get((theirs, peers, size))
     if not a or not b:
         return None
-    return statistics.median(tb / ta for ta, tb in zip(a, b))
+    ratios = [tb / ta for ta, tb in zip(a, b) if ta > 0]  # CPU seconds may round to 0
+    return statistics.median(ratios) if ratios else None
+
+
+def fmt_cpu(results: dict, name: str, peers: int, size: int) -> str:
+    cpu, sys_ = results.get((CPU + name, peers, size)), results.get((SYS + name, peers, size))
+    if not cpu or not sys_:
+        return "failed"
+    return f"{statistics.median(cpu) * 1e3:.0f} ({sum(sys_) / max(sum(cpu), 1e-9):.0%})"
 
 
 def fmt_size(size: int) -> str:
@@ -478,15 +490,14 @@ def print_table(
     print("  acc s/g: the accumulator's end-to-end reduction, backend='shmpad' over backend='gloo'")
     print()
     print(
-        "CPU per operation, every peer together (user + system seconds of all their threads), ms; "
+        "CPU per operation, every peer together (user + system seconds of all their threads), ms (system share); "
         "on a loopback box the peers share its cores, so the subject that burns less CPU per byte wins "
         "once they are all busy"
     )
     print(f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' CPU':>15}" for n in names) + f" {'shmpad/gloo':>12}")
     for peers in peer_counts:
         for size in sizes:
-            cpu = [results.get((CPU + n, peers, size)) for n in names]
-            cells = "".join(f" {'failed' if not c else f'{statistics.median(c) * 1e3:.1f}':>15}" for c in cpu)
+            cells = "".join(f" {fmt_cpu(results, n, peers, size):>15}" for n in names)
             r = ratio(results, peers, size, CPU + "gloo", CPU + "shmpad")  # CPU of shmpad over gloo's
             print(f"  {peers:>5} {fmt_size(size):>7}{cells} {fmt_ratio(r):>12}")
 

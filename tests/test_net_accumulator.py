@@ -318,6 +318,7 @@ def env_cluster_peer(port: int, rank: int, size: int):
     return popen
 
 
+@pytest.mark.slow
 def test_a_torchrun_style_cluster_from_the_environment_trains_together(procs):
     port = free_port()
     peers = [Peer("env://", f"rank{r}", "g", popen=env_cluster_peer(port, r, 3)) for r in (2, 1, 0)]

@@ -520,7 +520,8 @@ def test_bench_measures_every_subject_and_leaves_no_process():
     before = set(FORK.active_children())
     sizes = (4096, 3 << 20)
     times = bench.measure(2, list(sizes), subjects, args)
-    assert set(times) == {(kind + s.name, size) for kind in ("", bench.CPU) for s in subjects for size in sizes}
+    kinds = ("", bench.CPU, bench.SYS)
+    assert set(times) == {(kind + s.name, size) for kind in kinds for s in subjects for size in sizes}
     assert all(len(t) == 2 for t in times.values())
     assert all(min(times[(s.name, size)]) > 0 for s in subjects for size in sizes)
     assert set(FORK.active_children()) == before
