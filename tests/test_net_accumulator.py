@@ -292,6 +292,50 @@ def test_the_members_agree_on_the_data_plane(everyone, plane):
     assert decide([ask(backend, nccl) for backend, nccl in everyone], "b/1") == plane
 
 
+def test_a_member_that_cannot_run_nccl_is_named_when_another_asks_for_it():
+    with pytest.raises(ValueError, match="asked for 'nccl', but rank 1 cannot run it"):
+        decide([ask("nccl", True), ask("auto", False)], "b/1")
+
+
+def test_auto_picks_the_ring_for_small_groups_and_gloo_from_four():
+    def body(acc, model):
+        set_grad(model, [1.0, 2.0])
+        return acc.plane, acc.reduce_gradients(8), model.weight.grad.tolist()
+
+    assert run_peers([body] * 2, backend="auto") == [("shmpad", True, [[1.0, 2.0]])] * 2
+    assert run_peers([body] * AUTO_GLOO_FROM, backend="auto") == [("gloo", True, [[1.0, 2.0]])] * AUTO_GLOO_FROM
+
+
+def test_peers_that_ask_for_different_backends_are_told_so_by_ready():
+    with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
+        accs = [
+            Accumulator(
+                torch.nn.Linear(2, 1), broker=broker.address, group="g", name=n, token="t", min_size=2, backend=b
+            )
+            for n, b in (("a", "gloo"), ("b", "shmpad"))
+        ]
+        errors: dict = {}
+
+        def ready(acc):
+            try:
+                acc.ready(timeout=30)
+            except ValueError as e:
+                errors[acc.name] = str(e)
+
+        try:
+            threads = [threading.Thread(target=ready, args=(acc,)) for acc in accs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(40)
+            assert set(errors) == {"a", "b"}, f"ready() raised on {sorted(errors)} only"
+            assert all("asked for different backends" in e for e in errors.values())
+            assert all(acc.size == 0 for acc in accs), "a ring was kept after the disagreement"
+        finally:
+            for acc in accs:
+                acc.close()
+
+
 def test_members_that_ask_for_different_backends_are_told_so():
     asks = [ask("gloo", False), ask("auto", False), ask("shmpad", False)]
     with pytest.raises(

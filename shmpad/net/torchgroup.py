@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import secrets
 import socket
 import threading
@@ -69,7 +68,6 @@ from shmpad.net.allreduce import PeerRing
 
 __all__ = ["AUTO_GLOO_FROM", "BACKENDS", "TorchGroup", "ask", "check_backend", "choose", "decide"]
 
-log = logging.getLogger("shmpad.net")
 
 BACKENDS = ("shmpad", "gloo", "nccl", "auto")
 AUTO_GLOO_FROM = 4
@@ -113,15 +111,22 @@ def decide(asks: list[int], key: str) -> str:
     """The backend the members asked for (``"auto"`` defers to the others), or when all
     asked for ``"auto"``: NCCL if every member can run it, else the shmpad ring below
     ``AUTO_GLOO_FROM`` members and gloo from there on. ``ValueError`` if two members
-    asked for different backends (every member raises it)."""
+    asked for different backends, or one for NCCL that another cannot run (every
+    member raises it)."""
     asked = [BACKENDS[(a - 1) // 2] for a in asks]
     wanted = set(asked) - {"auto"}
     if len(wanted) > 1:
         said = ", ".join(f"rank {r}: {b!r}" for r, b in enumerate(asked))
         raise ValueError(f"the members of ring {key!r} asked for different backends ({said}); give all the same")
+    unable = [r for r, a in enumerate(asks) if not (a - 1) % 2]
+    if wanted == {"nccl"} and unable:
+        raise ValueError(
+            f"a member of ring {key!r} asked for 'nccl', but rank {unable[0]} cannot run it "
+            f"(its parameters are not on CUDA, or its torch has no NCCL)"
+        )
     if wanted:
         return wanted.pop()
-    if all((a - 1) % 2 for a in asks):
+    if not unable:
         return "nccl"
     return "gloo" if len(asks) >= AUTO_GLOO_FROM else "shmpad"
 
