@@ -4,6 +4,7 @@
     python -m bench.allreduce --quick                  # one short round: 2 peers, 1 and 16 MB, 1 repetition
     python -m bench.allreduce --peers 4 --sizes-mb 64 --reps 15
     python -m bench.allreduce --json                   # one JSON object per subject, peer count and size
+    python -m bench.allreduce --peers 2 --changes 0    # the bandwidth table only, no member-list changes
 
 Method. For each peer count, that many worker processes are forked afresh from this
 one (which only waits) and join both subjects' groups: a shmpad ``Mesh`` ring over
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import multiprocessing.connection
 import os
+import resource
 import statistics
 import sys
 import time
@@ -35,6 +37,7 @@ from time import perf_counter
 
 import numpy as np
 
+from bench.allreduce_change import measure_changes, print_changes
 from bench.cli import parser_for
 from bench.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end, run_main
 from bench.report import at_least, finish, fmt_ratio, verdict
@@ -43,6 +46,8 @@ from bench.subject import Subject, available, select
 TOKEN = "bench-allreduce"
 TARGET_RATIO = 1.0
 TARGET_SIZES = (16 << 20, 64 << 20)
+CPU = "cpu:"  # results keyed (CPU + subject, ...) are CPU seconds, not wall-clock seconds
+SYS = "cpu:sys:"  # ... and (SYS + subject, ...) the system (kernel) part of them
 # Forming both groups may take this long; a worker's whole life is bounded by it plus
 # a generous time per operation.
 SETUP_S = 60.0
@@ -67,6 +72,10 @@ class Args:
     """print one JSON object per subject, peer count and size instead of a table"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 2 peers, 1 and 16 MB, 1 repetition after 1 warm-up (overrides --peers, --sizes-mb, --reps, --warmup)"""
+    changes: int = 5
+    """repetitions of each member-list change (join, SIGKILL) per backend (0: measure none)"""
+    change_peers: int = 3
+    """group size around the changes: a joiner makes it this many, a SIGKILL this many minus one"""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int]]:
@@ -74,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int
     args = Args(**vars(parser.parse_args(argv)))
     if args.quick:
         args.peers, args.sizes_mb, args.reps, args.warmup = "2", "1,16", 1, 1
+        args.changes = min(args.changes, 1)
     try:
         peers = [int(p) for p in args.peers.split(",") if p.strip()]
         sizes = [int(float(s) * (1 << 20)) // 4 * 4 for s in args.sizes_mb.split(",") if s.strip()]
@@ -87,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int
         parser.error(f"--reps must be >= 1 and --warmup >= 0, got {args.reps} and {args.warmup}")
     if args.chunk_kib < 0:
         parser.error(f"--chunk-kib must be >= 0, got {args.chunk_kib}")
+    if args.changes < 0 or args.change_peers < 2:
+        parser.error(f"--changes must be >= 0 and --change-peers >= 2, got {args.changes} and {args.change_peers}")
     return args, peers, sizes
 
 
@@ -100,6 +112,7 @@ class Group(Subject):
     in place, ``close()`` leaves."""
 
     how: str
+    averages = False  # True: the result is the mean over the peers, not the sum
 
     def __init__(self, plan: Args):
         super().__init__(plan)
@@ -111,6 +124,9 @@ class Group(Subject):
 
     def join(self, addresses: list[str]) -> None:
         raise NotImplementedError
+
+    def resize(self, array: np.ndarray) -> None:
+        """Untimed, before the repetitions of each size, ``array`` being the one they use."""
 
     def allreduce(self, array: np.ndarray) -> None:
         raise NotImplementedError
@@ -189,19 +205,91 @@ class Gloo(Group):
             dist.destroy_process_group()
 
 
+class Accumulated(Group):
+    """``shmpad.net.Accumulator(backend=...)`` end to end: the gradient (a view of the
+    array) copied out, reduced, averaged and copied back; a broker in rank 0."""
+
+    family = "accumulator"
+    averages = True
+    backend: str
+
+    def listen(self, rank: int, peers: int) -> str:
+        from shmpad.net.broker import Broker
+
+        super().listen(rank, peers)
+        if rank == 0:
+            self._broker = Broker(port=0, token=TOKEN, settle_s=0.05, heartbeat_s=1.0, timeout_s=SETUP_S)
+            return self._broker.address
+        return ""
+
+    def join(self, addresses: list[str]) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        self._broker_address = addresses[0]
+        self._acc = None
+
+    def resize(self, array: np.ndarray) -> None:
+        import torch
+
+        from shmpad.net.accumulator import Accumulator
+
+        if self._acc is not None:
+            self._acc.close()
+        self._param = torch.nn.Parameter(torch.zeros(len(array)))
+        self._acc = Accumulator(
+            torch.nn.ParameterList([self._param]),
+            broker=self._broker_address,
+            group=f"{self.backend}-{len(array)}",  # a fresh group per size
+            name=f"rank{self.rank}",
+            token=TOKEN,
+            min_size=self.peers,
+            op_timeout=SETUP_S,
+            check_every=0,
+            backend=self.backend,
+        )
+        if not self._acc.ready(timeout=SETUP_S):
+            raise MeasurementFailed(f"{self.name}: the group of {self.peers} did not form within {SETUP_S} s")
+
+    def allreduce(self, array: np.ndarray) -> None:
+        import torch
+
+        self._param.grad = torch.from_numpy(array)  # the mean is copied back into it
+        if not self._acc.reduce_gradients(1):
+            raise MeasurementFailed(f"{self.name}: a reduction was abandoned (the group changed)")
+
+    def close(self) -> None:
+        if getattr(self, "_acc", None) is not None:
+            self._acc.close()
+        if hasattr(self, "_broker"):
+            self._broker.close()
+
+
+class AccumulatedShmpad(Accumulated):
+    name = "acc-shmpad"
+    backend = "shmpad"
+    how = "Accumulator(backend='shmpad').reduce_gradients(): grad -> flat, ring allreduce, mean -> grad"
+
+
+class AccumulatedGloo(Accumulated):
+    name = "acc-gloo"
+    backend = "gloo"
+    how = "Accumulator(backend='gloo').reduce_gradients(): grad -> flat -> group buffer, gloo allreduce, commit on the ring, mean -> grad"
+
+
 def _timedelta(seconds: float):
     import datetime
 
     return datetime.timedelta(seconds=seconds)
 
 
-SUBJECTS: list[type[Group]] = [Gloo, Shmpad]
+SUBJECTS: list[type[Group]] = [Gloo, Shmpad, AccumulatedGloo, AccumulatedShmpad]
 
 
 def missing(subject: type[Group]) -> str | None:
     """Why ``subject`` cannot run here, or None."""
     try:
-        if subject.name == "gloo":
+        if subject.name in ("gloo", "acc-gloo"):
             import torch.distributed as dist
 
             if not dist.is_available() or not dist.is_gloo_available():
@@ -246,26 +334,33 @@ class Worker:
             g.join(addresses)
 
     def work(self) -> dict[tuple[str, int], list[float]]:
-        """Seconds per timed operation, by (subject, size)."""
+        """Seconds per timed operation, by (subject, size); and by (CPU + subject, size)
+        the CPU seconds (user and system, every thread of this process) it took."""
         times: dict[tuple[str, int], list[float]] = {}
-        expected = self.peers * (self.peers + 1) // 2
+        total = self.peers * (self.peers + 1) // 2
         try:
             for size in self.sizes:
                 array = np.empty(size // 4, np.float32)
+                for g in self.groups:
+                    g.resize(array)
                 for rep in range(self.args.warmup + self.args.reps):
                     order = self.groups if rep % 2 == 0 else self.groups[::-1]
                     for g in order:
                         array.fill(self.rank + 1)
+                        expected = total / self.peers if g.averages else total
                         self._step.wait(OP_BUDGET_S * 4)
-                        t0 = perf_counter()
+                        c0, t0 = resource.getrusage(resource.RUSAGE_SELF), perf_counter()
                         g.allreduce(array)
-                        elapsed = perf_counter() - t0
+                        elapsed, c1 = perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
                         if array[0] != expected or array[-1] != expected or array[len(array) // 2] != expected:
                             raise AssertionError(
                                 f"{g.name}: allreduce of {size} bytes gave {array[0]}, expected {expected}"
                             )
                         if rep >= self.args.warmup:
                             times.setdefault((g.name, size), []).append(elapsed)
+                            system = c1.ru_stime - c0.ru_stime
+                            times.setdefault((CPU + g.name, size), []).append(c1.ru_utime - c0.ru_utime + system)
+                            times.setdefault((SYS + g.name, size), []).append(system)
         finally:
             for g in self.groups:
                 g.close()
@@ -279,7 +374,8 @@ def measure(
     peers: int, sizes: list[int], subjects: list[type[Group]], args: Args
 ) -> dict[tuple[str, int], list[float]]:
     """Fork ``peers`` workers, relay their addresses, and return the slowest worker's
-    seconds per operation, by (subject, size)."""
+    seconds per operation, by (subject, size), and the CPU seconds of all workers
+    together, by (CPU + subject, size)."""
     ops = len(subjects) * len(sizes) * (args.reps + args.warmup)
     lifetime = SETUP_S + START_TIMEOUT_S + ops * OP_BUDGET_S * max(1, max(sizes) >> 26)
     links = [(FORK.Pipe(duplex=False), FORK.Pipe(duplex=False)) for _ in range(peers)]  # (to parent, to worker)
@@ -316,7 +412,8 @@ def measure(
             pipe.close()
     slowest: dict[tuple[str, int], list[float]] = {}
     for key in results[0][1]:
-        slowest[key] = [max(ts) for ts in zip(*(r[1][key] for r in results))]
+        combine = sum if key[0].startswith(CPU) else max
+        slowest[key] = [combine(ts) for ts in zip(*(r[1][key] for r in results))]
     return slowest
 
 
@@ -343,12 +440,20 @@ def gb_per_s(size: int, seconds: list[float] | None) -> float | None:
     return None if not seconds else size / statistics.median(seconds) / 1e9
 
 
-def ratio(results: dict, peers: int, size: int) -> float | None:
-    """Median over repetitions of shmpad's GB/s over gloo's."""
-    a, b = results.get(("shmpad", peers, size)), results.get(("gloo", peers, size))
+def ratio(results: dict, peers: int, size: int, mine: str = "shmpad", theirs: str = "gloo") -> float | None:
+    """Median over repetitions of ``mine``'s GB/s over ``theirs``'."""
+    a, b = results.get((mine, peers, size)), results.get((theirs, peers, size))
     if not a or not b:
         return None
-    return statistics.median(tb / ta for ta, tb in zip(a, b))
+    ratios = [tb / ta for ta, tb in zip(a, b) if ta > 0]  # CPU seconds may round to 0
+    return statistics.median(ratios) if ratios else None
+
+
+def fmt_cpu(results: dict, name: str, peers: int, size: int) -> str:
+    cpu, sys_ = results.get((CPU + name, peers, size)), results.get((SYS + name, peers, size))
+    if not cpu or not sys_:
+        return "failed"
+    return f"{statistics.median(cpu) * 1e3:.0f} ({sum(sys_) / max(sum(cpu), 1e-9):.0%})"
 
 
 def fmt_size(size: int) -> str:
@@ -367,18 +472,34 @@ def print_table(
         f"after {args.warmup} warm-up(s); GB/s = tensor bytes / time of the slowest peer."
     )
     for s in subjects:
-        print(f"  {s.name:<7} {s.how}")
+        print(f"  {s.name:<10} {s.how}")
     names = [s.name for s in subjects]
     print()
     print(
-        f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' GB/s':>12}" for n in names) + f" {'shmpad/gloo':>12}  target"
+        f"  {'peers':>5} {'size':>7}"
+        + "".join(f" {n + ' GB/s':>15}" for n in names)
+        + f" {'shmpad/gloo':>12} {'acc s/g':>8}  target"
     )
     for peers in peer_counts:
         for size in sizes:
             r = ratio(results, peers, size)
+            acc = ratio(results, peers, size, "acc-shmpad", "acc-gloo")
             target = verdict(at_least(r, TARGET_RATIO)) if size in TARGET_SIZES else ""
-            rates = "".join(f" {fmt_gbs(gb_per_s(size, results.get((n, peers, size)))):>12}" for n in names)
-            print(f"  {peers:>5} {fmt_size(size):>7}{rates} {fmt_ratio(r):>12}  {target}")
+            rates = "".join(f" {fmt_gbs(gb_per_s(size, results.get((n, peers, size)))):>15}" for n in names)
+            print(f"  {peers:>5} {fmt_size(size):>7}{rates} {fmt_ratio(r):>12} {fmt_ratio(acc):>8}  {target}")
+    print("  acc s/g: the accumulator's end-to-end reduction, backend='shmpad' over backend='gloo'")
+    print()
+    print(
+        "CPU per operation, every peer together (user + system seconds of all their threads), ms (system share); "
+        "on a loopback box the peers share its cores, so the subject that burns less CPU per byte wins "
+        "once they are all busy"
+    )
+    print(f"  {'peers':>5} {'size':>7}" + "".join(f" {n + ' CPU':>15}" for n in names) + f" {'shmpad/gloo':>12}")
+    for peers in peer_counts:
+        for size in sizes:
+            cells = "".join(f" {fmt_cpu(results, n, peers, size):>15}" for n in names)
+            r = ratio(results, peers, size, CPU + "gloo", CPU + "shmpad")  # CPU of shmpad over gloo's
+            print(f"  {peers:>5} {fmt_size(size):>7}{cells} {fmt_ratio(r):>12}")
 
 
 def targets(results: dict, peer_counts: list[int], sizes: list[int]) -> list[str]:
@@ -415,6 +536,13 @@ def main(argv: list[str] | None = None) -> int:
         for (name, size), seconds in measured.items():
             results[(name, peers, size)] = seconds
         print(f"{peers} peers done, {time.monotonic() - started:.0f} s", file=sys.stderr)
+    changes: dict[tuple[str, str], list[float]] = {}
+    if args.changes:
+        changes, failed = measure_changes(args.change_peers, args.changes)
+        failures.extend(failed)
+        for failure in failed:
+            print(f"FAILED {failure}", file=sys.stderr)
+        print(f"member-list changes done, {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     if args.json:
         for peers in peer_counts:
@@ -427,13 +555,35 @@ def main(argv: list[str] | None = None) -> int:
                         "size_bytes": size,
                         "gb_per_s": gb_per_s(size, seconds),
                         "median_ms": None if not seconds else statistics.median(seconds) * 1e3,
+                        "cpu_ms_all_peers": (
+                            statistics.median(results[(CPU + s.name, peers, size)]) * 1e3
+                            if results.get((CPU + s.name, peers, size))
+                            else None
+                        ),
                         "reps": len(seconds or []),
-                        "ratio_to_gloo": ratio(results, peers, size) if s.name == "shmpad" else None,
+                        "ratio_to_gloo": (
+                            ratio(results, peers, size)
+                            if s.name == "shmpad"
+                            else ratio(results, peers, size, s.name, "acc-gloo")
+                            if s.name == "acc-shmpad"
+                            else None
+                        ),
                     }
                     print(json.dumps(record), flush=True)
+        for (backend, event), seconds in changes.items():
+            record = {
+                "change": event,
+                "backend": backend,
+                "peers": args.change_peers,
+                "median_s": statistics.median(seconds),
+                "seconds": seconds,
+            }
+            print(json.dumps(record), flush=True)
         out = sys.stderr
     else:
         print_table(results, subjects, peer_counts, sizes, args)
+        if changes:
+            print_changes(changes, args.change_peers, args.changes)
         out = sys.stdout
     target = f"shmpad >= {TARGET_RATIO:g}x gloo's GB/s at 16 and 64 MB"
     return finish(target, targets(results, peer_counts, sizes), failures, started, out)

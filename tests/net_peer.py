@@ -1,9 +1,9 @@
 """One learner of a gradient-averaging group, for the multi-process tests: trains a
 small model on data of its own and prints one JSON line per event on stdout.
 
-    python tests/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N]
+    python tests/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
 
-Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "key"}`` after each
+Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "key", "plane"}`` after each
 optimiser step (hash: SHA-256 of every parameter, buffer and the optimiser's state),
 ``{"event": "reduce", "version"}`` as a reduction starts. The peer trains until its
 stdin closes, then leaves the group and exits 0.
@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.01)
     parser.add_argument("--virtual-batch-size", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--backend", default="shmpad")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(relativeCreated)d [{args.name}] %(message)s")
     torch.set_num_threads(1)
@@ -71,6 +72,7 @@ def main() -> None:
         host=args.host,
         virtual_batch_size=args.virtual_batch_size,
         op_timeout=20.0,
+        backend=args.backend,
     )
     try:
         while not stop.is_set():
@@ -93,6 +95,7 @@ def main() -> None:
                     size=acc.size,
                     abandoned=acc.abandoned,
                     key=acc.ring_key,
+                    plane=acc.plane,
                 )
             time.sleep(args.pace)
     finally:

@@ -21,7 +21,10 @@ TOKEN = "accumulator-test-token"
 
 
 def env() -> dict:
-    return {**os.environ, "SHMPAD_TOKEN": TOKEN, "PYTHONPATH": ROOT}
+    # RES_OPTIONS: torch.distributed looks up the names of the addresses it connects to, and
+    # from a network namespace the host's DNS server cannot be reached: glibc's default 5 s
+    # timeout, twice, per lookup made forming a gloo group there take 10 s and more
+    return {**os.environ, "SHMPAD_TOKEN": TOKEN, "PYTHONPATH": ROOT, "RES_OPTIONS": "timeout:1 attempts:1"}
 
 
 class Broker:

@@ -4,23 +4,30 @@ before it contributes, a peer SIGKILLed mid-reduction costs the others a few sec
 and a restarted broker is rejoined.
 
 Each peer is ``tests/net_peer.py`` in a process of its own; it prints a JSON line
-per step with a hash of its parameters, buffers and optimiser state.
+per step with a hash of its parameters, buffers and optimiser state. The guarantees
+are tested for both data planes: the shmpad ring and a gloo process group per epoch.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
+import subprocess
 import threading
 import time
 
 import pytest
 import torch
-from helpers import wait_until
+from helpers import track_pid, wait_until
 from net_procs import Broker as BrokerProcess
 from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
+from shmpad.net.envcluster import from_env
+from shmpad.net.torchgroup import AUTO_GLOO_FROM, ask, decide
+
+PLANES = ["shmpad", pytest.param("gloo", marks=pytest.mark.slow)]
 
 
 def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[BrokerProcess, list[Peer]]:
@@ -35,9 +42,15 @@ def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[
     return broker, peers
 
 
-def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
-    broker, peers = _group(procs, "p", 3, 10)
-    late = Peer(broker.address, "late")
+def assert_plane(peers: list[Peer], backend: str) -> None:
+    planes = {s["plane"] for p in peers for s in p.steps}
+    assert planes == {backend}, f"the steps went over {planes}, not {backend!r} alone"
+
+
+@pytest.mark.parametrize("backend", PLANES)
+def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs, backend):
+    broker, peers = _group(procs, "p", 3, 10, "g", "--backend", backend)
+    late = Peer(broker.address, "late", "g", "--backend", backend)
     procs.append(late)
     late.wait(lambda p: len(p.steps_with(4)) >= 5, 60, "5 steps in a group of 4")
     for p in peers:
@@ -46,10 +59,12 @@ def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs):
         p.finish()
     assert late.steps[0]["version"] > 10, "the joiner started from scratch instead of the group's state"
     assert assert_identical([*peers, late]) >= 15
+    assert_plane([*peers, late], backend)
 
 
-def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
-    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048")
+@pytest.mark.parametrize("backend", PLANES)
+def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs, backend):
+    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048", "--backend", backend)
     victim, survivors = peers[0], peers[1:]
     victim.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
@@ -67,10 +82,12 @@ def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs):
         p.finish()
     assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
     assert_identical(survivors)
+    assert_plane(survivors, backend)
 
 
-def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
-    broker, peers = _group(procs, "r", 2, 5)
+@pytest.mark.parametrize("backend", PLANES)
+def test_peers_rejoin_a_restarted_broker_and_go_on(procs, backend):
+    broker, peers = _group(procs, "r", 2, 5, "g", "--backend", backend)
     old_key = peers[0].steps[-1]["key"].split("/")[0]
     broker.kill()
     broker = BrokerProcess(port=broker.port)
@@ -87,23 +104,32 @@ def test_peers_rejoin_a_restarted_broker_and_go_on(procs):
     for p in peers:
         p.finish()
     assert_identical(peers)
+    assert_plane(peers, backend)
 
 
-def test_peers_on_separate_network_hosts_train_together(procs, netns):
+@pytest.mark.parametrize("backend", PLANES)
+def test_peers_on_separate_network_hosts_train_together(procs, netns, backend):
     spaces = netns(3)
     broker = BrokerProcess(host=spaces[0].gateway)
     procs.append(broker)
-    peers = [Peer(broker.address, f"h{i}", "g", "--host", ns.ip, popen=ns.popen) for i, ns in enumerate(spaces)]
+    peers = [
+        Peer(broker.address, f"h{i}", "g", "--host", ns.ip, "--backend", backend, popen=ns.popen)
+        for i, ns in enumerate(spaces)
+    ]
     procs.extend(peers)
     for p in peers:
         p.wait(lambda p: len(p.steps_with(3)) >= 10, 60, "10 steps in a group of 3")
     for p in peers:
         p.finish()
     assert assert_identical(peers) >= 10
+    assert_plane(peers, backend)
 
 
-def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
-    broker, peers = _group(procs, "s", 3, 5)  # drops a silent member after 5 s
+@pytest.mark.parametrize("backend", PLANES)
+def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs, backend):
+    """For gloo, the case that needs the commit on the ring: the stalled peer's
+    reduction can still complete after the others gave it up."""
+    broker, peers = _group(procs, "s", 3, 5, "g", "--backend", backend)  # drops a silent member after 5 s
     stalled, others = peers[0], peers[1:]
     stalled.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
@@ -118,6 +144,7 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
     for p in peers:
         p.finish()
     assert assert_identical(peers) >= 5
+    assert_plane(peers, backend)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +153,8 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs):
         ({"host": "0.0.0.0"}, "host '0.0.0.0' is where the other peers connect"),
         ({"min_size": 0}, "min_size must be an int >= 1, got 0"),
         ({"virtual_batch_size": -1}, "virtual_batch_size must be an int >= 0, got -1"),
+        ({"backend": "mpi"}, "backend must be one of 'shmpad', 'gloo', 'nccl', 'auto', got 'mpi'"),
+        ({"backend": "nccl"}, "backend 'nccl' needs CUDA parameters and a torch build with NCCL"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match):
@@ -245,3 +274,128 @@ def test_weights_that_drift_apart_are_found_and_resynced():
 
     (w0, d0, v0), (w1, d1, v1) = run_peers([body, body], check_every=1)
     assert torch.equal(w0, w1) and d0 == d1 == 1 and v0 == v1 == 3
+
+
+@pytest.mark.parametrize(
+    "everyone, plane",
+    [
+        ([("auto", False)] * 2, "shmpad"),
+        ([("auto", False)] * (AUTO_GLOO_FROM - 1), "shmpad"),
+        ([("auto", False)] * AUTO_GLOO_FROM, "gloo"),
+        ([("auto", False), ("gloo", False)], "gloo"),
+        ([("shmpad", False)] * AUTO_GLOO_FROM, "shmpad"),
+        ([("auto", True)] * 2, "nccl"),
+        ([("auto", False), ("auto", True)], "shmpad"),  # NCCL only if every member can run it
+    ],
+)
+def test_the_members_agree_on_the_data_plane(everyone, plane):
+    assert decide([ask(backend, nccl) for backend, nccl in everyone], "b/1") == plane
+
+
+def test_a_member_that_cannot_run_nccl_is_named_when_another_asks_for_it():
+    with pytest.raises(ValueError, match="asked for 'nccl', but rank 1 cannot run it"):
+        decide([ask("nccl", True), ask("auto", False)], "b/1")
+
+
+def test_auto_picks_the_ring_for_small_groups_and_gloo_from_four():
+    def body(acc, model):
+        set_grad(model, [1.0, 2.0])
+        return acc.plane, acc.reduce_gradients(8), model.weight.grad.tolist()
+
+    assert run_peers([body] * 2, backend="auto") == [("shmpad", True, [[1.0, 2.0]])] * 2
+    assert run_peers([body] * AUTO_GLOO_FROM, backend="auto") == [("gloo", True, [[1.0, 2.0]])] * AUTO_GLOO_FROM
+
+
+def test_peers_that_ask_for_different_backends_are_told_so_by_ready():
+    with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
+        accs = [
+            Accumulator(
+                torch.nn.Linear(2, 1), broker=broker.address, group="g", name=n, token="t", min_size=2, backend=b
+            )
+            for n, b in (("a", "gloo"), ("b", "shmpad"))
+        ]
+        errors: dict = {}
+
+        def ready(acc):
+            try:
+                acc.ready(timeout=30)
+            except ValueError as e:
+                errors[acc.name] = str(e)
+
+        try:
+            threads = [threading.Thread(target=ready, args=(acc,)) for acc in accs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(40)
+            assert set(errors) == {"a", "b"}, f"ready() raised on {sorted(errors)} only"
+            assert all("asked for different backends" in e for e in errors.values())
+            assert all(acc.size == 0 for acc in accs), "a ring was kept after the disagreement"
+        finally:
+            for acc in accs:
+                acc.close()
+
+
+def test_members_that_ask_for_different_backends_are_told_so():
+    asks = [ask("gloo", False), ask("auto", False), ask("shmpad", False)]
+    with pytest.raises(
+        ValueError, match=r"asked for different backends \(rank 0: 'gloo', rank 1: 'auto', rank 2: 'shmpad'\)"
+    ):
+        decide(asks, "b/1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_cluster_peer(port: int, rank: int, size: int):
+    """A ``Peer`` popen that starts ``tests/net_peer.py`` as rank ``rank`` of a torchrun-style cluster."""
+
+    def popen(args, env, **pipes):
+        cluster = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(size)}
+        proc = subprocess.Popen(args, env={**env, **cluster}, start_new_session=True, **pipes)
+        track_pid(proc.pid)
+        return proc
+
+    return popen
+
+
+@pytest.mark.slow
+def test_a_torchrun_style_cluster_from_the_environment_trains_together(procs):
+    port = free_port()
+    peers = [Peer("env://", f"rank{r}", "g", popen=env_cluster_peer(port, r, 3)) for r in (2, 1, 0)]
+    procs.extend(peers)
+    for p in peers:
+        p.wait(lambda p: len(p.steps_with(3)) >= 5, 60, "5 steps in a group of 3")
+    leaving = time.monotonic()  # from here on the ranks leave one by one, and the rest go on
+    for p in peers:
+        p.finish()
+    assert assert_identical(peers) >= 5
+    early = [s for p in peers for s in p.steps if s["size"] != 3 and s["t"] < leaving]
+    assert not early, f"steps taken before all 3 ranks were in: {early[:3]}"
+
+
+@pytest.mark.parametrize(
+    "environ, match",
+    [
+        ({}, "env:// needs MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE set; missing: MASTER_ADDR, MASTER_PORT"),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "x", "RANK": "0", "WORLD_SIZE": "2"},
+            "MASTER_PORT must be an integer, got 'x'",
+        ),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "1", "RANK": "2", "WORLD_SIZE": "2"},
+            "RANK must be in 0..1 for WORLD_SIZE 2, got 2",
+        ),
+        (
+            {"MASTER_ADDR": "h", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "2"},
+            "MASTER_PORT must be in 1..65535, got 0",
+        ),
+    ],
+)
+def test_a_bad_cluster_environment_is_named(environ, match):
+    env = {"RANK": "0", "WORLD_SIZE": "2"} if not environ else environ
+    with pytest.raises(ValueError, match=match):
+        from_env(env)

@@ -510,17 +510,32 @@ def test_closing_the_mesh_abandons_its_rings(meshes):
 # The benchmark's harness (nothing timed)
 
 
-def test_bench_measures_both_subjects_and_leaves_no_process():
+def test_bench_measures_every_subject_and_leaves_no_process():
     pytest.importorskip("torch.distributed")
     from bench import allreduce as bench
 
     args = bench.Args(reps=2, warmup=1)
     subjects = [s for s in bench.SUBJECTS if bench.missing(s) is None]
-    assert [s.name for s in subjects] == ["gloo", "shmpad"]
+    assert [s.name for s in subjects] == ["gloo", "shmpad", "acc-gloo", "acc-shmpad"]
     before = set(FORK.active_children())
-    times = bench.measure(2, [4096, 3 << 20], subjects, args)
-    assert set(times) == {(s.name, size) for s in subjects for size in (4096, 3 << 20)}
-    assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+    sizes = (4096, 3 << 20)
+    times = bench.measure(2, list(sizes), subjects, args)
+    kinds = ("", bench.CPU, bench.SYS)
+    assert set(times) == {(kind + s.name, size) for kind in kinds for s in subjects for size in sizes}
+    assert all(len(t) == 2 for t in times.values())
+    assert all(min(times[(s.name, size)]) > 0 for s in subjects for size in sizes)
+    assert set(FORK.active_children()) == before
+
+
+def test_bench_times_a_join_and_a_kill_per_backend_and_leaves_no_process():
+    pytest.importorskip("torch.distributed")
+    from bench.allreduce_change import EVENTS, measure_changes
+
+    before = set(FORK.active_children())
+    results, failures = measure_changes(peers=2, reps=1)
+    assert failures == []
+    assert set(results) == {(b, e) for b in ("shmpad", "gloo") for e in EVENTS}
+    assert all(len(s) == 1 and 0 < s[0] < 60 for s in results.values())
     assert set(FORK.active_children()) == before
 
 

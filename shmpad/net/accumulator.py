@@ -2,15 +2,17 @@
 
 Every peer trains its own copy of the model on its own data. After each backward
 pass it hands its gradients to ``reduce_gradients(batch_size)``; the peers of the
-group sum them over TCP (``shmpad.net.allreduce``), together with how many samples
-and contributions they stand for. Once the summed batch size reaches the virtual
+group sum them over TCP (``shmpad.net.allreduce``), or through the epoch's
+torch.distributed process group (``shmpad.net.torchgroup``: ``backend="gloo"``,
+``"nccl"``), together with how many samples and contributions they stand for. Once the summed batch size reaches the virtual
 batch size, every peer holds the same averaged gradient (sum / contributions) and
 takes the same optimiser step, so the weights stay bit-identical without ever being
 sent again.
 
 Membership comes from the broker (``shmpad.net.group``). When it changes, the ring
 in flight is closed, so a reduction it carried is abandoned on every peer and its
-gradients dropped, and the next call forms a ring of the new members. A new ring
+gradients dropped (a process group of that epoch is closed the same way), and the
+next call forms a ring of the new members, and their process group if any. A new ring
 starts with a state sync: the peer with the highest model version (then the lowest
 rank) broadcasts its parameters, buffers, optimiser and scheduler state and model
 version, and everyone loads them. A joining peer thus receives the current model
@@ -34,8 +36,11 @@ import torch
 
 from shmpad.errors import Abandoned
 from shmpad.net.allreduce import PeerRing
+from shmpad.net.envcluster import ENV_URL, from_env
 from shmpad.net.group import GroupClient, Membership
 from shmpad.net.mesh import Mesh
+from shmpad.net.torchgroup import TorchGroup, check_backend, choose
+from shmpad.net.wire import parse_address
 
 __all__ = ["Accumulator"]
 
@@ -47,7 +52,9 @@ the broker to force one"""
 
 
 class Accumulator:
-    """Averages gradients of ``model`` across the peers of ``group`` at ``broker``.
+    """Averages gradients of ``model`` across the peers of ``group`` at ``broker``
+    (``"host:port"``, or ``"env://"``: a torchrun-style fixed cluster whose rank 0
+    serves the broker, see ``shmpad.net.envcluster``).
 
     ``optimizer`` and ``scheduler`` (optional) are part of the state a joining peer
     receives. ``virtual_batch_size`` (0: every reduction) is the summed batch size a
@@ -59,6 +66,14 @@ class Accumulator:
     way: the same torch build and device kind). The mesh listens on ``host:port`` for
     the other peers (loopback by default: give this host's address when the peers
     are on other hosts).
+
+    ``backend`` picks what moves the gradients (``shmpad.net.torchgroup``): ``"shmpad"``
+    the shmpad ring; ``"gloo"`` or ``"nccl"`` a torch.distributed process group formed
+    for each member list, whose timeout is ``op_timeout``; ``"auto"`` NCCL when every
+    peer's parameters are on CUDA, else the shmpad ring for groups of fewer than
+    ``torchgroup.AUTO_GLOO_FROM`` peers and gloo for larger ones. Every peer of a group
+    asks for the same backend, or ``"auto"``. The state sync and the digest checks
+    always go over the shmpad ring.
 
     Use::
 
@@ -88,6 +103,7 @@ class Accumulator:
         op_timeout: float = 60.0,
         min_size: int = 1,
         check_every: int = 100,
+        backend: str = "shmpad",
     ):
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
             raise ValueError(f"check_every must be an int >= 0, got {check_every!r}")
@@ -111,8 +127,19 @@ class Accumulator:
                 f"host {host!r} is where the other peers connect to this one, so it must be an address they "
                 f"can reach (this host's own), not a wildcard"
             )
+        self._served = None  # the broker this process serves: rank 0 of an env:// cluster
+        cluster = None
+        if broker == ENV_URL:
+            cluster = from_env()
+            broker, name = cluster.broker, name or f"rank{cluster.rank}"
+            min_size = self.min_size = max(min_size, cluster.world_size)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._cuda = bool(self.params) and all(p.is_cuda for p in self.params)
+        check_backend(backend, self._cuda)
+        self.backend = backend
+        """the data plane asked for (``plane`` says which one the current epoch uses)"""
+        self._host = host
         sizes = [p.numel() for p in self.params]
         self._offsets = np.cumsum([0, *sizes])
         n = int(self._offsets[-1])
@@ -126,16 +153,23 @@ class Accumulator:
         """reductions abandoned because the group changed or a peer went away"""
         self._lock = threading.Lock()
         self._latest: Membership | None = None
-        self._ring: PeerRing | None = None
+        self._ring: PeerRing | None = None  # the epoch's shmpad ring: state sync, digests, and gradients
+        self._plane: PeerRing | TorchGroup | None = None  # what reduces the gradients: the ring or a process group
         self._failed: tuple[Any, float] | None = None  # (membership key, when) of the last ring that failed
         self._broker, self._group_name, self._token = broker, group, token
         self._closed = False
         self._forming: str | None = None  # key of the ring being formed
         self._mesh = Mesh(host, port, token)
         try:
+            if cluster is not None and cluster.serves_broker:
+                from shmpad.net.broker import Broker
+
+                self._served = Broker(*parse_address(broker), token=token)
             self._group = GroupClient(broker, group, self.name, self._mesh.address, token)
         except BaseException:
             self._mesh.close()
+            if self._served is not None:
+                self._served.close()
             raise
         self._group.add_listener(self._on_membership)
         self._group.start()
@@ -145,9 +179,11 @@ class Accumulator:
     def _on_membership(self, membership: Membership) -> None:
         with self._lock:
             self._latest = membership
-            ring = self._ring
+            ring, plane = self._ring, self._plane
             forming = self._forming
         if ring is not None and ring.key != _key(membership):
+            if plane is not None and plane is not ring:
+                plane.close()  # the process group: its reduction in flight raises Abandoned here and on the others
             ring.close()  # a reduction in flight on the old ring raises Abandoned on every peer
         if forming is not None and forming != _key(membership):
             self._mesh.abandon(forming, f"epoch {membership.epoch} replaced it")  # its members will not all come
@@ -168,6 +204,13 @@ class Accumulator:
         """``broker_id/epoch`` of the current ring (None when there is none)."""
         ring = self._ring
         return ring.key if ring is not None else None
+
+    @property
+    def plane(self) -> str | None:
+        """The data plane of the current epoch: ``"shmpad"``, ``"gloo"`` or ``"nccl"``
+        (None when there is none)."""
+        plane = self._plane
+        return None if plane is None else plane.backend if isinstance(plane, TorchGroup) else "shmpad"
 
     def ready(self, timeout: float | None = None) -> bool:
         """True once this peer is in a ring of the group's latest members with the
@@ -197,9 +240,12 @@ class Accumulator:
     def _form(self, membership: Membership) -> bool:
         with self._lock:
             old, self._ring = self._ring, None
+            old_plane, self._plane = self._plane, None
             if self._latest is not membership or self._closed:
                 return False
             self._forming = _key(membership)
+        if old_plane is not None:
+            old_plane.close()
         if old is not None:
             old.close()
         addresses = [m.address for m in membership.members]
@@ -219,16 +265,41 @@ class Accumulator:
             self._drop_ring()
             return False
         try:
+            plane = self._form_plane(ring)
+            with self._lock:
+                self._plane = plane
+                stale = self._latest is not membership or self._closed
+            if stale:  # the listener closed the ring but could not see this plane yet
+                raise Abandoned(f"epoch {membership.epoch} was replaced while its data plane formed")
             self._sync(ring)
         except Abandoned as e:
-            log.info("%s: state sync of epoch %s abandoned: %s", self.name, membership.epoch, e)
+            log.info("%s: data plane or state sync of epoch %s abandoned: %s", self.name, membership.epoch, e)
             self._drop_ring()
             return False
+        except BaseException:  # the members disagree on the backend (ValueError), or worse
+            self._drop_ring()
+            raise
         self._failed = None
         self._started = True
         self._clear_sum()
-        log.info("%s: in a ring of %d (epoch %s), at version %d", self.name, ring.size, membership.epoch, self.version)
+        log.info(
+            "%s: in a group of %d (epoch %s, data plane %s), at version %d",
+            self.name,
+            ring.size,
+            membership.epoch,
+            self.plane,
+            self.version,
+        )
         return True
+
+    def _form_plane(self, ring: PeerRing) -> PeerRing | TorchGroup:
+        """The ring itself, or the epoch's torch.distributed process group, as the
+        members agree (``shmpad.net.torchgroup.choose``)."""
+        backend = choose(ring, self.backend, self._cuda)
+        if backend == "shmpad":
+            return ring
+        device = self.params[0].device if backend == "nccl" else None
+        return TorchGroup(ring, backend, self._host, self.op_timeout, device)
 
     def _drop_ring(self) -> None:
         """After a failure: the ring's epoch is not to be formed again. A newer member
@@ -236,6 +307,9 @@ class Accumulator:
         ``RETRY_S``, ``ready()`` rejoins the broker to force one."""
         with self._lock:
             ring, self._ring = self._ring, None
+            plane, self._plane = self._plane, None
+        if plane is not None and plane is not ring:
+            plane.close()
         if ring is None:
             return
         ring.close()
@@ -329,7 +403,7 @@ class Accumulator:
         the next ring)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
-        flat = self._flat
+        flat = self._staging()
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
                 flat[a:b] = 0
@@ -337,24 +411,33 @@ class Accumulator:
                 flat[a:b] = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
         flat[-2] = batch_size
         flat[-1] = 1.0 if batch_size > 0 else 0.0
-        return self._reduce()
+        return self._reduce(flat)
 
     def skip_gradients(self) -> bool:
         """Take part in the group's reduction without contributing (zero gradients,
         not counted in the average). Returns what ``reduce_gradients`` would."""
-        self._flat[:] = 0
-        return self._reduce()
+        flat = self._staging()
+        flat[:] = 0
+        return self._reduce(flat)
 
-    def _reduce(self) -> bool:
-        ring = self._ring
+    def _staging(self) -> np.ndarray:
+        """Where to gather the gradients: the process group's own buffer (which saves
+        two copies), else ours. Should the plane change before ``_reduce``, that
+        reduction copies from it or is abandoned; either way nothing is torn."""
+        plane = self._plane
+        return plane.buffer(len(self._flat)) if isinstance(plane, TorchGroup) else self._flat
+
+    def _reduce(self, flat: np.ndarray) -> bool:
+        with self._lock:
+            ring, plane = self._ring, self._plane
         if ring is None and self._closed:
             return False
-        if ring is None:
+        if ring is None or plane is None:
             raise RuntimeError("reduce_gradients() before the group is ready: call ready() first")
         try:
             if self.check_every and self.version % self.check_every == 0 and self.version != self._checked:
                 self._check(ring)
-            ring.allreduce(self._flat)
+            plane.allreduce(flat)
         except Abandoned as e:
             self.abandoned += 1
             log.info("%s: reduction abandoned: %s", self.name, e)
@@ -364,9 +447,9 @@ class Accumulator:
                 p.grad = None
             return False
         n = len(self._sum)
-        self._sum += self._flat[:n]
-        self._sum_batch += float(self._flat[-2])
-        self._sum_count += float(self._flat[-1])
+        self._sum += flat[:n]
+        self._sum_batch += float(flat[-2])
+        self._sum_count += float(flat[-1])
         if self._sum_count == 0 or self._sum_batch < self.virtual_batch_size:
             return False
         mean = self._sum / np.float32(self._sum_count)
@@ -393,11 +476,16 @@ class Accumulator:
                 return
             self._closed = True
             ring, self._ring = self._ring, None
+            plane, self._plane = self._plane, None
             group = self._group
+        if plane is not None and plane is not ring:
+            plane.close()
         if ring is not None:
             ring.close()
         self._mesh.close()  # also abandons a ring still forming
         group.close()
+        if self._served is not None:
+            self._served.close()
 
     def __enter__(self) -> Accumulator:
         return self

@@ -1,0 +1,319 @@
+"""The accumulator's data plane over torch.distributed: one process group per group epoch.
+
+The broker still decides who is in the group. For each new member list the peers
+first form the epoch's shmpad ring (``Mesh.ring``: authenticated by the group token);
+``choose()`` then agrees on the data plane over it, and ``TorchGroup(ring, ...)``
+makes that epoch's ``torch.distributed`` process group::
+
+    rank 0 (the leader)                           every other member
+    TCPStore on a socket bound to the mesh host
+    ticket {host, port, prefix} ---- ring.broadcast_bytes (authenticated) ----> ticket
+    ProcessGroupGloo/NCCL(PrefixStore(prefix, store), rank, size, timeout)   (the same, as a client)
+    ring.allreduce (a barrier): every member is connected; from here the store is idle
+
+Forming the group waits for the members' keys in the store for up to the group's
+timeout, and c10d looks up the name of every address it connects to: where the DNS
+server cannot be reached, each lookup waits out the resolver's timeout (glibc's
+``RES_OPTIONS="timeout:1 attempts:1"`` shortens it).
+
+No global state: the group is a ``ProcessGroupGloo``/``ProcessGroupNCCL`` object of
+its own, never ``init_process_group``, so a process may hold several accumulators and
+a group change never restarts a process. A change closes the epoch's group
+(``close()``) and the next ``ready()`` forms the next one.
+
+Security. ``TCPStore`` authenticates nothing. It listens only on the address the mesh
+already uses (not every interface), only while the epoch's group lives, and every key
+this group writes sits under a prefix of 128 random bits that only the ring's members
+learn, over their authenticated connections. What remains: anyone who can reach that
+address can connect to the store, list its keys (``list_keys`` reveals the prefix)
+and, in the moment the group forms, overwrite a member's gloo address (the group then
+fails to form, or worse, talks to the intruder); anyone can keep the store busy. Gloo's
+own connections are not authenticated at all (the shmpad ring's are, at their
+handshake; its byte frames then carry no tag either), and nothing is encrypted. So
+the gloo and NCCL planes trust the network more than the shmpad ring does: run them
+where only the group's hosts reach the peers' addresses.
+
+Why a dead or departed member never hangs the others. Gloo's ``abort()`` and
+``shutdown()`` do not wake a blocked operation, and a group with an operation in
+flight cannot be destroyed before that operation ends. So the caller never blocks in
+gloo: it waits on an event that the operation's future sets, and that ``close()`` sets
+too; the group's timeout bounds a member that stays silent. A member that dies
+closes its sockets, and so does a member that destroys its idle group: the others'
+operations then fail at once. A group closed with its operation still in flight is
+handed to a reaper thread that drops it when the operation ends (by its timeout at the
+latest), which closes its sockets in turn.
+
+Why every peer that keeps a result kept the same one. A member that gave up an
+operation locally (its group changed) cannot take back what its gloo threads send, so
+the others might still complete it, then go on from a step the group never took. Each
+allreduce is therefore followed by a one-element allreduce on the epoch's shmpad
+ring, which a member closes as soon as it gives up: a result counts only once every
+member got it. It costs one small ring round per reduction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import secrets
+import socket
+import threading
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from shmpad.errors import Abandoned
+from shmpad.net.allreduce import PeerRing
+
+__all__ = ["AUTO_GLOO_FROM", "BACKENDS", "TorchGroup", "ask", "check_backend", "choose", "decide"]
+
+
+BACKENDS = ("shmpad", "gloo", "nccl", "auto")
+AUTO_GLOO_FROM = 4
+"""``backend="auto"`` on CPU: the shmpad ring for groups smaller than this, gloo from
+this size on (``python -m bench.allreduce``: the ring is faster at 2 and 3 peers and
+ties gloo at 4, see the README's figures)"""
+GRACE_S = 5.0  # past the group's own timeout, how long a wait lasts before the caller gives up
+
+
+def check_backend(backend: str, cuda: bool) -> None:
+    """``ValueError`` naming ``backend`` if it is not one of ``BACKENDS`` or cannot run here."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if backend in ("gloo", "nccl") and not dist.is_available():
+        raise ValueError(f"backend {backend!r} needs torch.distributed, which this torch build lacks")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise ValueError("backend 'gloo': this torch build has no gloo")
+    if backend == "nccl" and not (cuda and dist.is_nccl_available()):
+        raise ValueError(
+            "backend 'nccl' needs CUDA parameters and a torch build with NCCL "
+            f"(parameters on CUDA: {cuda}, NCCL available: {dist.is_nccl_available()})"
+        )
+
+
+def choose(ring: PeerRing, backend: str, cuda: bool) -> str:
+    """The data plane of ``ring``'s epoch, the same on every member (``decide`` on every
+    member's ``ask``, gathered by one allreduce over the ring)."""
+    asks = np.zeros(ring.size, np.int64)
+    asks[ring.rank] = ask(backend, cuda and dist.is_nccl_available())
+    ring.allreduce(asks)
+    return decide(asks.tolist(), ring.key)
+
+
+def ask(backend: str, nccl: bool) -> int:
+    """A member's ask as one number: the backend it asked for, and whether it could run
+    NCCL (its parameters are on CUDA and its torch has NCCL)."""
+    return 1 + BACKENDS.index(backend) * 2 + bool(nccl)
+
+
+def decide(asks: list[int], key: str) -> str:
+    """The backend the members asked for (``"auto"`` defers to the others), or when all
+    asked for ``"auto"``: NCCL if every member can run it, else the shmpad ring below
+    ``AUTO_GLOO_FROM`` members and gloo from there on. ``ValueError`` if two members
+    asked for different backends, or one for NCCL that another cannot run (every
+    member raises it)."""
+    asked = [BACKENDS[(a - 1) // 2] for a in asks]
+    wanted = set(asked) - {"auto"}
+    if len(wanted) > 1:
+        said = ", ".join(f"rank {r}: {b!r}" for r, b in enumerate(asked))
+        raise ValueError(f"the members of ring {key!r} asked for different backends ({said}); give all the same")
+    unable = [r for r, a in enumerate(asks) if not (a - 1) % 2]
+    if wanted == {"nccl"} and unable:
+        raise ValueError(
+            f"a member of ring {key!r} asked for 'nccl', but rank {unable[0]} cannot run it "
+            f"(its parameters are not on CUDA, or its torch has no NCCL)"
+        )
+    if wanted:
+        return wanted.pop()
+    if not unable:
+        return "nccl"
+    return "gloo" if len(asks) >= AUTO_GLOO_FROM else "shmpad"
+
+
+class TorchGroup:
+    """Epoch ``ring.key``'s torch.distributed process group (``backend`` gloo or nccl),
+    formed over ``ring`` (see the module docstring); ``host``: this peer's mesh host,
+    where the leader's store listens; ``timeout``: the process group's, which bounds
+    forming it and every operation. ``device``: where NCCL reduces (CUDA)."""
+
+    def __init__(self, ring: PeerRing, backend: str, host: str, timeout: float, device: torch.device | None = None):
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"a TorchGroup runs 'gloo' or 'nccl', got {backend!r}")
+        self.ring = ring
+        self.key, self.rank, self.size = ring.key, ring.rank, ring.size
+        self.backend = backend
+        self.timeout = timeout
+        self._device = torch.device("cpu") if device is None else device
+        self._lock = threading.Lock()
+        self._reason: str | None = None
+        self._wake: threading.Event | None = None  # the operation in flight's; close() sets it too
+        self._work = None  # the operation in flight (a torch Work), while the caller waits for it
+        self._buffers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
+        self._pg = None
+        self._store = self._rendezvous(host)  # the leader's store lives as long as the group
+        if self._reason is not None:  # closed (the epoch changed) while it formed
+            self._retire()
+            raise self._abandoned()
+
+    def __repr__(self) -> str:
+        state = f", abandoned: {self._reason}" if self._reason else ""
+        return f"TorchGroup({self.key!r}, {self.backend}, rank={self.rank}, size={self.size}{state})"
+
+    @property
+    def closed(self) -> bool:
+        return self._reason is not None
+
+    def _rendezvous(self, host: str):
+        timeout = datetime.timedelta(seconds=self.timeout)
+        ring = self.ring
+        listening = None
+        ticket = None
+        if ring.rank == 0:
+            # TCPStore binds every interface unless handed a socket: bind the mesh's address only
+            listening = socket.create_server((host, 0), family=_family(host), backlog=128)
+            port = listening.getsockname()[1]
+            ticket = json.dumps({"host": host, "port": port, "prefix": secrets.token_hex(16)}).encode()
+        try:
+            info = json.loads(ring.broadcast_bytes(ticket, 0))
+            store = dist.TCPStore(
+                info["host"],
+                info["port"],
+                self.size,
+                is_master=ring.rank == 0,
+                # how long a member's keys may keep the others waiting; not less: c10d's client
+                # looks up names, and where DNS cannot be reached that alone took 10 s (netns test)
+                timeout=timeout,
+                wait_for_workers=False,
+                master_listen_fd=listening.fileno() if listening is not None else None,
+            )
+        except BaseException as e:
+            if listening is not None:
+                listening.close()
+            if isinstance(e, RuntimeError):  # the leader's store went away (DistStoreError is one)
+                raise Abandoned(f"the store of ring {self.key!r} could not be reached: {_first_line(e)}") from None
+            raise
+        if listening is not None:
+            listening.detach()  # the store owns (and closes) the descriptor now
+        prefixed = dist.PrefixStore(f"shmpad/{self.key}/{info['prefix']}/", store)
+        try:
+            if self.backend == "gloo":
+                options = dist.ProcessGroupGloo._Options()
+                options._timeout = timeout
+                options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+                pg = dist.ProcessGroupGloo(prefixed, self.rank, self.size, options)
+            else:  # unmeasured: no GPU where this was written
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                pg = dist.ProcessGroupNCCL(prefixed, self.rank, self.size, options)
+        except RuntimeError as e:
+            raise Abandoned(f"the {self.backend} group of ring {self.key!r} did not form: {_first_line(e)}") from None
+        with self._lock:
+            self._pg = pg
+        ring.allreduce(np.zeros(1, np.int64))  # every member is connected
+        return store
+
+    # -------------------------------------------------------------- operations
+
+    def allreduce(self, array: np.ndarray) -> None:
+        """Replace the float32 ``array`` (the same size on every member) by the sum over
+        the group, in place. ``Abandoned`` when the group was closed, a member went
+        away or stayed silent past the timeout, or the commit on the ring failed."""
+        tensor, staged = self._buffers.get(len(array)) or self._make_buffer(len(array))
+        if array is not staged:
+            np.copyto(staged, array)
+        if self._device.type != "cpu":
+            tensor.copy_(torch.from_numpy(staged), non_blocking=False)
+        wake = threading.Event()
+        with self._lock:
+            if self._reason is not None:
+                raise self._abandoned()
+            work = self._pg.allreduce([tensor])
+            self._work, self._wake = work, wake
+        work.get_future().add_done_callback(lambda _: wake.set())  # runs at once if done already
+        if not wake.wait(self.timeout + GRACE_S):
+            self.close(f"the {self.backend} allreduce took over {self.timeout + GRACE_S} s")
+        with self._lock:
+            if self._reason is not None:
+                raise self._abandoned()  # the work stays with the group for _retire()
+            self._work = self._wake = None
+        try:
+            work.wait()
+        except RuntimeError as e:  # a member died: gloo saw its connection close
+            self.close(f"the {self.backend} allreduce failed: {_first_line(e)}")
+            raise self._abandoned() from None
+        self.ring.allreduce(np.zeros(1, np.int64))  # the commit (module docstring)
+        if self._device.type != "cpu":
+            staged[:] = tensor.cpu().numpy()
+        if array is not staged:
+            np.copyto(array, staged)
+
+    def buffer(self, n: int) -> np.ndarray:
+        """The group's own host buffer of ``n`` float32: ``allreduce`` of it saves copying
+        in and out. Once the group is closed an abandoned operation may still write into
+        it, so a caller takes a new one from the next group."""
+        return (self._buffers.get(n) or self._make_buffer(n))[1]
+
+    def _make_buffer(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        staged = np.zeros(n, np.float32)
+        tensor = torch.from_numpy(staged) if self._device.type == "cpu" else torch.zeros(n, device=self._device)
+        with self._lock:
+            self._buffers[n] = (tensor, staged)
+        return tensor, staged
+
+    # -------------------------------------------------------------- lifetime
+
+    def close(self, reason: str = "the group was closed") -> None:
+        """Abandon the group: an operation waiting in another thread raises ``Abandoned``
+        at once, and the other members' promptly. Idempotent; safe from any thread."""
+        with self._lock:
+            if self._reason is not None:
+                return
+            self._reason = reason
+            wake = self._wake
+        if wake is not None:
+            wake.set()
+        self.ring.close()
+        self._retire()
+
+    def _retire(self) -> None:
+        """Drop the process group (closing its sockets) now if it is idle, else once its
+        operation in flight ends, in a reaper thread: dropping it before would block."""
+        with self._lock:
+            pg, self._pg = self._pg, None
+            work, self._work = self._work, None
+            store, self._store = getattr(self, "_store", None), None
+            buffers, self._buffers = self._buffers, {}
+        if work is None or work.is_completed():
+            del pg, work, store, buffers
+            return
+        holding = [pg, work, store, buffers]
+
+        def reap() -> None:
+            try:
+                holding[1].wait()
+            except RuntimeError:
+                pass  # failed or timed out: either way it is over
+            holding.clear()
+
+        threading.Thread(target=reap, name=f"shmpad-reap-{self.key}", daemon=True).start()
+
+    def _abandoned(self) -> Abandoned:
+        return Abandoned(
+            f"{self.backend} group {self.key!r} (rank {self.rank} of {self.size}) was abandoned: {self._reason}"
+        )
+
+    def __enter__(self) -> TorchGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__

@@ -1,0 +1,98 @@
+"""One epoch's torch.distributed process group (``shmpad.net.torchgroup.TorchGroup``),
+its members in threads of this process: it sums, ``close()`` wakes a caller blocked in
+gloo at once, and a result that a member gave up is kept by nobody."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from helpers import wait_until
+
+from shmpad.errors import Abandoned
+from shmpad.net.mesh import Mesh
+from shmpad.net.torchgroup import TorchGroup
+
+TOKEN = "torchgroup-test"
+
+
+@pytest.fixture
+def groups():
+    """``make(n)``: n gloo groups of one epoch, rank order; all closed at the end."""
+    meshes: list[Mesh] = []
+    made: list[TorchGroup] = []
+
+    def make(n: int) -> list[TorchGroup]:
+        meshes.extend(Mesh(token=TOKEN) for _ in range(n))
+        addresses = [m.address for m in meshes[-n:]]
+        out: list = [None] * n
+
+        def form(rank: int) -> None:
+            ring = meshes[-n + rank].ring("b/1", addresses, rank, timeout=20)
+            out[rank] = TorchGroup(ring, "gloo", "127.0.0.1", timeout=20)
+
+        run_all([lambda r=r: form(r) for r in range(n)])
+        made.extend(out)
+        return out
+
+    yield make
+    for g in made:
+        g.close()
+    for m in meshes:
+        m.close()
+
+
+def run_all(bodies, timeout: float = 30) -> list:
+    """Run each body in a thread; their results, or the first exception raised."""
+    results: list = [None] * len(bodies)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = bodies[i]()
+        except BaseException as e:  # handed to the test's thread
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a member did not finish"
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+def test_the_members_sum_into_their_arrays(groups):
+    members = groups(3)
+    arrays = [np.full(100_003, r + 1, np.float32) for r in range(3)]
+    run_all([lambda g=g, a=a: g.allreduce(a) for g, a in zip(members, arrays)])
+    for a in arrays:
+        assert np.all(a == 6)
+
+
+def test_closing_wakes_a_blocked_caller_and_no_member_keeps_the_given_up_result(groups):
+    a, b = groups(2)
+    mine = np.ones(1000, np.float32)
+    raised: list = []
+
+    def blocked() -> None:
+        try:
+            a.allreduce(mine)  # b is not there yet: gloo waits for it
+        except Abandoned as e:
+            raised.append(e)
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    assert wait_until(lambda: a._work is not None, 10), "a never started its allreduce"
+    a.close("the group changed")
+    thread.join(5)
+    assert not thread.is_alive(), "close() did not wake the caller blocked in gloo"
+    assert raised and "the group changed" in str(raised[0])
+    assert np.all(mine == 1), "the abandoned reduction wrote into the caller's array"
+    theirs = np.full(1000, 2, np.float32)
+    with pytest.raises(Abandoned):  # gloo completes it with a's data, but the commit on the ring fails
+        b.allreduce(theirs)
+    assert np.all(theirs == 2), "b kept a result that a gave up"
