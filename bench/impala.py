@@ -125,6 +125,8 @@ class Args:
     """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
     virtual_batch_size: int = 0
     """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
+    backend: str = "shmpad"
+    """--peers: what moves the gradients: shmpad (its TCP ring), gloo or nccl (a torch.distributed process group per member list), auto (nccl on CUDA, else the ring below 4 learners and gloo from 4)"""
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", measuring: bool = False) -> Args:
@@ -160,7 +162,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
     if args.peers:
         try:
-            parse_address(args.peers)
+            if args.peers != "env://":  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (shmpad.net.envcluster)
+                parse_address(args.peers)
             load_token(token_file=args.token_file or None)
         except (ValueError, lp.ShmpadError) as e:
             parser.error(f"--peers {args.peers}: {e}")
@@ -295,6 +298,7 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
             token=token,
             virtual_batch_size=args.virtual_batch_size,
             min_size=args.min_peers,
+            backend=args.backend,
         )
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
         print(f"joining group {args.group!r} at {args.peers} as {learner.accumulator.name}", flush=True)

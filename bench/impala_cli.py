@@ -48,6 +48,7 @@ HELP_GROUPS = {
         "token_file",
         "min_peers",
         "virtual_batch_size",
+        "backend",
     ],
     "output": ["out", "resume", "log_interval", "checkpoint_minutes", "launch_type"],
 }
@@ -57,6 +58,7 @@ CHOICES = {
     "reduction": ("mean", "sum"),
     "device": ("cpu", "cuda"),
     "compile": ("auto", "on", "off"),
+    "backend": ("shmpad", "gloo", "nccl", "auto"),
     "bf16": ("auto", "on", "off"),
     "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
 }

@@ -59,6 +59,15 @@ def test_classic_control_gets_its_own_defaults_unless_given():
     assert (pong.model, pong.total_frames, pong.learning_rate) == ("shallow", 200_000, 6e-4)
 
 
+def test_peers_take_a_backend_and_env_urls(monkeypatch):
+    monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
+    args = impala.parse_args(["--peers", "127.0.0.1:5555", "--backend", "gloo"])
+    assert (args.peers, args.backend) == ("127.0.0.1:5555", "gloo")
+    assert impala.parse_args(["--peers", "env://"]).backend == "shmpad"  # env:// is no HOST:PORT, and is accepted
+    with pytest.raises(SystemExit):
+        impala.parse_args(["--peers", "127.0.0.1:5555", "--backend", "mpi"])
+
+
 def test_the_default_out_is_a_new_folder_per_env_and_start():
     assert impala.parse_args(["--env", "CartPole-v1"]).out.startswith(os.path.join("runs", "cartpole-v1-20"))
     assert impala.parse_args([]).out.startswith(os.path.join("runs", "ale-pong-v5-20"))
