@@ -13,6 +13,8 @@ data area; every control line is 64 bytes)::
     0          8     writer (release)     VERSION: latest complete version; 0 = none yet;
                                           the buffer holding it is VERSION % 2
     64         8     creator (release)    CLOSED: 1 once the creator closed the store
+    72         8     readers (atomic add) PULLS: pulls by every handle that copied a version out
+                                          (what ``python -m shmpad.top`` shows; one add per pull)
     128        16    writer, waiters      event (seq, sleepers) for wait_for_version (wait.py)
     192        16    writer               buffer 0: SEQ (odd while being written), HELD
                                           (the version it holds, written inside the SEQ window)
@@ -59,6 +61,7 @@ from shmpad.ringbuf.atomics import (
     cpu_pause,
     fence_acquire,
     fence_release,
+    fetch_add,
     load_acquire,
     load_relaxed,
     store_relaxed,
@@ -74,6 +77,9 @@ KIND = "weights"
 # Byte offsets of the control lines in the data area.
 _VERSION = 0
 _CLOSED = 64
+# In CLOSED's line, which changes once: a reader's add per completed pull (a whole copy of the
+# parameters) costs the others at most one cache miss on their next CLOSED load.
+_PULLS = 72
 _EVENT = 128
 _BUFFER_LINES = (192, 256)
 CONTROL_BYTES = 320
@@ -107,10 +113,13 @@ def _read_begin(words, ctl, newer_than):
 
 @njit(nogil=True, cache=True)
 def _read_end(words, ctl, b, s):
-    """True when buffer ``b`` was not written since its SEQ read ``s``."""
+    """True when buffer ``b`` was not written since its SEQ read ``s`` (and the pull is counted)."""
     fence_acquire()  # pairs with fence_release in _write_begin: our copy's loads happen before the re-check
     line = ctl + (_BUFFER_LINES[1] if b else _BUFFER_LINES[0]) // 8
-    return load_relaxed(words, line) == s
+    whole = load_relaxed(words, line) == s
+    if whole:
+        fetch_add(words, ctl + _PULLS // 8, 1)
+    return whole
 
 
 @njit(nogil=True, cache=True)
@@ -163,6 +172,11 @@ def _wait_newer(words, ctl, newer_than, timeout_ns):
 @njit(nogil=True, cache=True)
 def _load_version(words, ctl):
     return load_acquire(words, ctl + _VERSION // 8)  # pairs with store_release(VERSION) in _write_end
+
+
+@njit(nogil=True, cache=True)
+def _load_pulls(words, ctl):
+    return load_relaxed(words, ctl + _PULLS // 8)  # a count for display: no ordering needed
 
 
 @njit(nogil=True, cache=True)
@@ -432,6 +446,13 @@ class WeightStore:
                 raise Closed("the weight store was closed")
             if deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"no version newer than {newer_than} was published within {timeout} s")
+
+    @property
+    def pulls_by_all(self) -> int:
+        """Pulls that copied a version out, by every handle in every process since the
+        store was created (``statistics().pulls`` counts this handle's)."""
+        self._segment()
+        return int(_load_pulls(self._words, self._ctl))
 
     def statistics(self) -> WeightStoreStatistics:
         """This handle's counters."""
