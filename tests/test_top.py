@@ -273,3 +273,24 @@ def test_the_registry_is_removed_after_a_sigkill_of_the_launcher():
         assert wait_until(lambda: not shm_exists(name) and not pid_alive(node), DEADLINE_S), name
     finally:
         _end(launcher)
+
+
+def test_publish_counter_checks_its_arguments_and_the_launcher_may_publish_too():
+    with pytest.raises(RuntimeError, match=r"^shmpad\.publish_counter\(\) needs a launched program"):
+        lp.publish_counter("frames", 1)
+    program = lp.Program("top-counters")
+    program.add_node(lp.PyNode(lp.wait_for_stop, DEADLINE_S), "idle")
+    manager = lp.launch(program, launch_type="test_mt")
+    try:
+        with pytest.raises(ValueError, match=r"^a counter name is 1 to 32 UTF-8 bytes, got 'x{33}'$"):
+            lp.publish_counter("x" * 33, 1)
+        with pytest.raises(TypeError, match=r"^a counter name must be a str, got int$"):
+            lp.publish_counter(7, 1)
+        with pytest.raises(TypeError, match=r"^counter 'frames' takes a number, got str$"):
+            lp.publish_counter("frames", "12")
+        lp.publish_counter("frames", np.int64(12))
+        lp.publish_counter("frames", 12.5)  # the same entry, a new value
+        lp.publish_counter("é" * 16, -1)  # 32 bytes
+        assert lp.counters() == {"": {"frames": 12.5, "é" * 16: -1.0}}
+    finally:
+        manager.stop_and_wait()
