@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from typing import Any
 
@@ -114,6 +115,7 @@ class Registry:
         self._rows = {name: i for i, name in enumerate(self.nodes)}
         self._mine: dict[tuple[int, str], int] = {}  # (row, name) -> entry, in the process that claimed it
         self._mine_pid = os.getpid()
+        self._claiming = threading.Lock()  # threads of one process claim a name once
 
     @classmethod
     def create(
@@ -180,27 +182,33 @@ class Registry:
             _add(self._words, (1 + row) * _LINE + _RESTARTS, 1)
 
     def publish(self, row: int, name: str, value: float) -> None:
-        """Set counter ``name`` of node ``row`` to ``value`` (claiming an entry the first time)."""
+        """Set counter ``name`` of node ``row`` to ``value`` (claiming an entry the first time).
+        Once the launcher has closed the registry (the program ended; a thread node may
+        still run) there is nowhere to publish, and nothing is."""
+        words = self._words  # (its view keeps the mapping alive should close() run meanwhile)
+        if words is None:
+            return
         if self._mine_pid != os.getpid():  # a forked child claims entries of its own
-            self._mine, self._mine_pid = {}, os.getpid()
+            self._mine, self._mine_pid, self._claiming = {}, os.getpid(), threading.Lock()
         entry = self._mine.get((row, name))
         if entry is None:
-            entry = self._claim_entry(row, name)
-        _store(self._words, entry + _VALUE, _float_bits(value))
+            with self._claiming:
+                entry = self._mine.get((row, name)) or self._claim_entry(words, row, name)
+        _store(words, entry + _VALUE, _float_bits(value))
 
-    def _claim_entry(self, row: int, name: str) -> int:
+    def _claim_entry(self, words: np.ndarray, row: int, name: str) -> int:
         raw = name.encode("utf-8")
         first = (1 + len(self.nodes)) * _LINE
         for j in range(self.capacity):
             at = first + j * _LINE
-            if _claim(self._words, at + _OWNER):
-                self._words[at + _NAME : at + _NAME + NAME_BYTES // 8] = 0
-                self._words[at + _NAME : at + _NAME + NAME_BYTES // 8].view(np.uint8)[: len(raw)] = np.frombuffer(
+            if _claim(words, at + _OWNER):
+                words[at + _NAME : at + _NAME + NAME_BYTES // 8] = 0
+                words[at + _NAME : at + _NAME + NAME_BYTES // 8].view(np.uint8)[: len(raw)] = np.frombuffer(
                     raw, np.uint8
                 )
-                _store(self._words, at + _ROW, row)
-                _store(self._words, at + _VALUE, _float_bits(0.0))
-                _store(self._words, at + _OWNER, os.getpid())  # last: the entry is whole now
+                _store(words, at + _ROW, row)
+                _store(words, at + _VALUE, _float_bits(0.0))
+                _store(words, at + _OWNER, os.getpid())  # last: the entry is whole now
                 self._mine[(row, name)] = at
                 return at
         raise RuntimeError(
