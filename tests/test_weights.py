@@ -484,3 +484,19 @@ def test_attach_checks_the_layout():
                 WeightStore.attach(seg.name)
         finally:
             seg.unlink()
+
+
+def test_pulls_by_all_counts_the_copies_of_every_handle():
+    store = WeightStore.create({"w": np.zeros(3, np.float32)})
+    other = WeightStore.attach(store.name)
+    try:
+        out = {"w": np.zeros(3, np.float32)}
+        assert store.pulls_by_all == 0
+        assert store.publish({"w": np.ones(3, np.float32)}) == 1
+        assert other.pull(out) == 1 and store.pull(out) == 1
+        assert other.pull(out, newer_than=1) == 1  # nothing newer: nothing copied, not counted
+        assert store.pulls_by_all == other.pulls_by_all == 2
+        assert (store.statistics().pulls, other.statistics().pulls) == (1, 1)  # a handle counts its own
+    finally:
+        other.close()
+        store.close()
