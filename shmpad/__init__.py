@@ -36,6 +36,8 @@ from shmpad.launch.stopping import stop
 from shmpad.launch.stopping import stop_event
 from shmpad.launch.stopping import unregister_stop_handler
 from shmpad.launch.stopping import wait_for_stop
+from shmpad.launch.registry import counters
+from shmpad.launch.registry import publish_counter
 
 # Errors
 from shmpad.errors import Abandoned
@@ -102,6 +104,8 @@ __all__ = [
     "stop_event",
     "unregister_stop_handler",
     "wait_for_stop",
+    "counters",
+    "publish_counter",
     "MPMCRing",
     "MessageBatch",
     "RingStatistics",

@@ -4,11 +4,20 @@ Every test must leave /dev/shm as it found it. At the end of the session, any
 ``shmpad.*`` entry that this session made and that is still there is listed, the
 session fails (exit status 1), and the entry is removed so that it does not outlive
 the run. Tests that want the check per test use the ``shm_leak_check`` fixture.
+
+``pytest --core`` runs the core's tests only: those that need neither torch nor
+gymnasium nor ale-py, for an install of shmpad without them (``.ci/core`` runs it on each
+Python). A test module is left out when its top-level imports (or those of the helper
+modules beside it that it imports) reach torch, gymnasium, ale_py, actors, learners or
+bench; a test that needs them only inside its body is marked ``rl``.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
+import pathlib
 import sys
 
 import pytest
@@ -21,6 +30,50 @@ LEAK_GRACE = 5.0
 
 _leftovers_key = pytest.StashKey[list]()
 _start_key = pytest.StashKey[set]()
+
+
+RL_PACKAGES = frozenset({"torch", "gymnasium", "ale_py", "actors", "learners", "bench"})
+_TESTS = pathlib.Path(__file__).parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--core",
+        action="store_true",
+        help="run only the tests of shmpad's core (no torch, gymnasium or ale-py needed)",
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def needs_rl(path: pathlib.Path) -> bool:
+    """True if the module's top-level imports reach an RL package (through local helpers too)."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots = [node.module.split(".")[0]]
+        else:
+            continue
+        for root in roots:
+            if root in RL_PACKAGES or ((_TESTS / f"{root}.py").exists() and needs_rl(_TESTS / f"{root}.py")):
+                return True
+    return False
+
+
+def pytest_ignore_collect(collection_path: pathlib.Path, config: pytest.Config) -> bool | None:
+    if config.getoption("core") and collection_path.suffix == ".py" and needs_rl(collection_path):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("core"):
+        return
+    rl = [item for item in items if item.get_closest_marker("rl") is not None]
+    if rl:
+        config.hook.pytest_deselected(items=rl)
+        items[:] = [item for item in items if item.get_closest_marker("rl") is None]
 
 
 def _remove(names) -> None:

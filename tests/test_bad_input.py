@@ -296,3 +296,29 @@ def test_a_bad_termination_notice_flag_is_refused(raw, monkeypatch):
         ValueError, match=f"^--lp_termination_notice_secs must be a finite number of seconds >= 0, got '{raw}'$"
     ):
         lp.launch(program, launch_type="test_mp")
+
+
+_CREATE_A_RING = """
+from shmpad import SPSCRing, SegmentError
+try:
+    SPSCRing.create(4, 64)
+except SegmentError as e:
+    print("REFUSED", e)
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+@pytest.mark.parametrize(
+    "setup, why",
+    [
+        ("mount -t tmpfs -o size=16m,ro tmpfs /dev/shm", "Read-only file system"),
+        ("umount /dev/shm; mount -t tmpfs -o size=1m tmpfs /dev", "/dev/shm does not exist"),  # no /dev/shm at all
+    ],
+    ids=["read-only", "missing"],
+)
+def test_a_dev_shm_that_cannot_be_written_is_an_error_saying_so(setup, why):
+    script = f"{setup} && exec {sys.executable} -c '{_CREATE_A_RING}'"
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("REFUSED a ring of capacity=4 (4 slots of 64 bytes): cannot create"), out.stdout
+    assert f": {why}. shmpad needs a writable tmpfs at /dev/shm" in out.stdout and "--shm-size" in out.stdout

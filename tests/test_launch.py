@@ -421,6 +421,7 @@ def actor(store, results):
     results.put(repr((version, float(model.weight[0, 0]), float(model.bias[1]))).encode())
 
 
+@pytest.mark.rl
 def test_weight_store_node():
     import torch
 

@@ -28,7 +28,15 @@ def test_the_readme_has_python_blocks():
     assert len(python_blocks()) >= 5
 
 
-@pytest.mark.parametrize("line, source", python_blocks(), ids=[f"line{n}" for n, _ in python_blocks()])
+def _block(line: int, source: str) -> object:
+    """A block that names torch or the RL packages is marked rl (pytest --core leaves it out)."""
+    rl = re.search(r"\b(torch|gymnasium|ale_py|actors|learners|bench)\b", source)
+    return pytest.param(line, source, marks=pytest.mark.rl) if rl else (line, source)
+
+
+@pytest.mark.parametrize(
+    "line, source", [_block(*b) for b in python_blocks()], ids=[f"line{n}" for n, _ in python_blocks()]
+)
 def test_readme_block_runs(line, source):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     status, out, _ = run_command(

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from helpers import (
     creator_pid_of,
     kill_and_reap,
@@ -194,6 +195,7 @@ def test_launcher_sigkill_leaves_no_orphans_and_no_segments(tmp_path):
     proc.stderr.close()
 
 
+@pytest.mark.rl
 def test_nodes_forked_after_torch_and_numba_threads_do_not_deadlock(tmp_path):
     proc = start(
         tmp_path,

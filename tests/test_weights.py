@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +20,11 @@ from shmpad.errors import Closed, SegmentError, Timeout
 from shmpad.ringbuf import weights
 from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.weights import WeightStore, WeightStoreStatistics
+
+try:
+    import torch
+except ImportError:  # the core's tests run without torch (pytest --core); the tests that use it are marked rl
+    torch = None
 
 FORK = mp.get_context("fork")
 JOIN_TIMEOUT = 60.0
@@ -92,6 +96,7 @@ def _start(procs, target, *args) -> mp.process.BaseProcess:
 # --- round trips -------------------------------------------------------------------------
 
 
+@pytest.mark.rl
 def test_round_trip_of_dtypes_and_shapes():
     rng = np.random.default_rng(0)
     values = {
@@ -124,6 +129,7 @@ def test_round_trip_of_dtypes_and_shapes():
         np.testing.assert_array_equal(store.pull_arrays()[1]["f32"], values["f32"])
 
 
+@pytest.mark.rl
 def test_round_trip_of_a_module():
     torch.manual_seed(0)
     learner = torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.BatchNorm1d(3))
@@ -421,6 +427,7 @@ def test_publish_rejects_a_wrong_dtype(small):
     assert small.version == 0  # nothing half-published
 
 
+@pytest.mark.rl
 def test_pull_rejects_wrong_destinations(small):
     small.publish({"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match=r"^tensor 'w' has shape \(6,\), expected \(2, 3\)$"):
@@ -433,6 +440,7 @@ def test_pull_rejects_wrong_destinations(small):
         small.pull({"w": np.zeros((2, 3), np.float32), "b": readonly})
 
 
+@pytest.mark.rl
 def test_create_rejects_bad_templates():
     with pytest.raises(ValueError, match=r"^a weight store needs at least one tensor, got an empty template$"):
         WeightStore.create({})
@@ -478,3 +486,19 @@ def test_attach_checks_the_layout():
                 WeightStore.attach(seg.name)
         finally:
             seg.unlink()
+
+
+def test_pulls_by_all_counts_the_copies_of_every_handle():
+    store = WeightStore.create({"w": np.zeros(3, np.float32)})
+    other = WeightStore.attach(store.name)
+    try:
+        out = {"w": np.zeros(3, np.float32)}
+        assert store.pulls_by_all == 0
+        assert store.publish({"w": np.ones(3, np.float32)}) == 1
+        assert other.pull(out) == 1 and store.pull(out) == 1
+        assert other.pull(out, newer_than=1) == 1  # nothing newer: nothing copied, not counted
+        assert store.pulls_by_all == other.pulls_by_all == 2
+        assert (store.statistics().pulls, other.statistics().pulls) == (1, 1)  # a handle counts its own
+    finally:
+        other.close()
+        store.close()

@@ -119,6 +119,7 @@ class MultiProcessingColocation(PyNode):
                         f"colocated node {i} {describe_exit(code)}; restarting it ({restarts.used}/{restarts.allowed})",
                         flush=True,
                     )
+                    _count_restart(ctx)
                     pid, pidfd, xr = self._spawn(i, ctx)
                     children[i] = (pid, pidfd, xr, bytearray())
         finally:
@@ -130,6 +131,13 @@ class MultiProcessingColocation(PyNode):
                     pass
                 os.close(pidfd)
                 os.close(xr)
+
+
+def _count_restart(ctx: context.NodeContext | None) -> None:
+    """Count the restart in this node's row of the program's registry (``shmpad.top`` shows it)."""
+    registry = None if ctx is None else ctx.extra.get("registry")
+    if registry is not None:
+        registry.node_restarted(registry.row_of(ctx.label, ctx.index))
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from shmpad._checks import check_timeout
 from shmpad.launch import flags
+from shmpad.launch.registry import Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.launch.supervisor import WorkerManager
 from shmpad.nodes.address import bind_addresses
@@ -108,6 +109,22 @@ def _all_nodes(nodes: list[Node]) -> list[Node]:
     return out
 
 
+def _registry(program: str, launch_type: str, groups: dict[str, list[Node]]) -> Registry:
+    """The program's registry (what ``python -m shmpad.top`` reads): its node rows in the
+    order the manager starts them, and the shared memory of its data and courier nodes."""
+    rows = [(label, index) for label, group in groups.items() for index, node in enumerate(group) if node.RUNS]
+    sections: dict[str, list[dict[str, str]]] = {"rings": [], "weights": [], "rpc": []}
+    seen: set[int] = set()
+    for label, group in groups.items():
+        for node in _all_nodes(group):
+            describe = getattr(node, "_registry_entry", None)
+            entry = describe() if describe is not None and id(node) not in seen else None
+            seen.add(id(node))
+            if entry is not None:
+                sections[entry[0]].append({"label": label, **entry[1]})
+    return Registry.create(program, launch_type, rows, **sections)
+
+
 def launch(
     programs: Program | Sequence[Program],
     launch_type: LaunchType | str | None = None,
@@ -157,11 +174,12 @@ def launch(
             for node in group:
                 for handle in node.input_handles:
                     handle.connect(node, label)
+        registry = _registry(program.name, kind.value, groups)
     except BaseException:
         for node in allocated:
             node.free()
         raise
-    manager = WorkerManager(program.name, kind.value, processes, notice)
+    manager = WorkerManager(program.name, kind.value, processes, notice, registry)
     manager.track(nodes)
     for label, group in groups.items():
         for index, node in enumerate(group):

@@ -53,6 +53,7 @@ class NodeRun:
     exit_code: int | None = None
     done: bool = False
     reported: bool = False
+    row: int = -1  # the node's row in the program's registry
 
     @property
     def name(self) -> str:
@@ -65,10 +66,17 @@ class NodeRun:
 
 
 def start_thread(
-    w: NodeRun, program: str, launch_type: str, stopper: context.StopController, ended: Callable[[], None]
+    w: NodeRun,
+    program: str,
+    launch_type: str,
+    stopper: context.StopController,
+    ended: Callable[[], None],
+    extra: dict | None = None,
 ) -> None:
-    """Run ``w``'s node in a thread of this process; ``ended()`` is called when it returns."""
+    """Run ``w``'s node in a thread of this process; ``ended()`` is called when it returns.
+    ``extra`` goes into the node's context (the program's registry)."""
     ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index)
+    ctx.extra.update(extra or {})
 
     def run() -> None:
         context.set_thread_context(ctx)
@@ -86,14 +94,16 @@ def start_thread(
     w.thread.start()
 
 
-def start_process(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: int) -> list[int]:
+def start_process(
+    w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: int, extra: dict | None = None
+) -> list[int]:
     """Fork ``w``'s node; returns the descriptors the supervisor watches: its pipes
-    (``w.fds`` says which is which) and its pidfd."""
+    (``w.fds`` says which is which) and its pidfd. ``extra`` goes into the node's context."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     xr, xw = os.pipe()
     others = [fd for fd in tuple(launcher_fds) if fd >= 0]  # other supervisors change the set
-    body = _child_body(w, program, launch_type, stop_r, req_w)
+    body = _child_body(w, program, launch_type, stop_r, req_w, extra or {})
     try:
         w.pid = fork(
             body,
@@ -128,14 +138,14 @@ def start_process(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w
     return [out_r, err_r, xr, w.pidfd]
 
 
-def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: int) -> Callable[[], None]:
+def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: int, extra: dict) -> Callable[[], None]:
     """What a forked node process runs: its context, title, stop watcher and flags, then the node."""
 
     def body() -> None:
         stopper = context.StopController(request_fd=req_w)
         context.set_thread_context(None)
         ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index)
-        ctx.extra.update(stop_fd=stop_r, request_fd=req_w)
+        ctx.extra.update(extra, stop_fd=stop_r, request_fd=req_w)
         context.set_process_context(ctx)
         set_node_title(w.label, w.index)
         signal.signal(signal.SIGTERM, lambda s, f: threading.Thread(target=stopper.trigger, daemon=True).start())

@@ -9,6 +9,19 @@ terminal's Ctrl+C reaches only the launcher, which then stops the program in ord
 ignores SIGINT, and writes its output to the pipes its parent reads. It exits 0 when
 its body returns and 1 (or the ``SystemExit`` code) when it raises, after writing the
 traceback to its error pipe.
+
+The start method is ``os.fork``, explicitly and always: shmpad never asks
+``multiprocessing`` for its default start method, so Python 3.14's change of that default
+(to forkserver) changes nothing here, and nodes may be closures, lambdas and objects that
+do not pickle. The fork happens while the launcher runs threads (its supervisor thread
+forks, on purpose: a child's parent-death signal fires when the *thread* that forked it
+exits), and Python 3.12+ warns about any fork in a multi-threaded process
+(``DeprecationWarning: This process ... is multi-threaded, use of fork() may lead to
+deadlocks in the child``). The warning does not fit: the child runs only Python, whose
+own locks (GIL, import lock, ``threading``, ``logging``) CPython resets after a fork, and
+the native thread pools that could hold a lock across it are taken care of (numba's
+fork-safe layer, below; torch's pool is tested in ``tests/test_supervision.py``). That one
+warning, raised by this module's ``os.fork``, is silenced; every other warning stays.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from typing import Callable
 
 import numba
@@ -38,6 +52,13 @@ __all__ = ["fork", "die_with_parent", "spawn", "Child", "Restarts", "describe_st
 # survives fork (tbb if installed, else numba's workqueue).
 if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "forksafe"
+
+warnings.filterwarnings(
+    "ignore",
+    message=r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks in the child",
+    category=DeprecationWarning,
+    module=__name__,
+)
 
 _PR_SET_PDEATHSIG = 1
 _REPORT_LIMIT = 1 << 16

@@ -34,6 +34,7 @@ from shmpad.errors import NodeFailed
 from shmpad.launch import context
 from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_thread
 from shmpad.launch.output import Lines, say
+from shmpad.launch.registry import PHASE_ENDED, PHASE_STOPPING, Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
 from shmpad.ringbuf import janitor
@@ -49,8 +50,16 @@ CLOSE_GRACE_S = 1.0
 class WorkerManager:
     """Runs and supervises the nodes of one launched program (returned by ``launch``)."""
 
-    def __init__(self, program: str, launch_type: str, processes: bool, termination_notice_secs: float):
+    def __init__(
+        self,
+        program: str,
+        launch_type: str,
+        processes: bool,
+        termination_notice_secs: float,
+        registry: Registry | None = None,
+    ):
         self.program = program
+        self.registry = registry
         self.launch_type = launch_type
         self._processes = processes
         self._notice = termination_notice_secs
@@ -73,6 +82,8 @@ class WorkerManager:
         os.set_blocking(self._req_r, False)
         self._stopper = context.StopController(on_request=self._request_stop)
         self._ctx = context.NodeContext(program, launch_type, self._stopper)
+        self._extra = {} if registry is None else {"registry": registry}
+        self._ctx.extra.update(self._extra)
         self._supervisor: threading.Thread | None = None
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -81,7 +92,7 @@ class WorkerManager:
     # -- setting up --------------------------------------------------------------------
 
     def add(self, label: str, index: int, node: Node, resources: PythonProcess | None) -> None:
-        self._workers.append(NodeRun(label, index, node, resources))
+        self._workers.append(NodeRun(label, index, node, resources, row=len(self._workers)))
 
     def track(self, nodes: Iterable[Node]) -> None:
         """Nodes whose ``on_stop``/``release`` the manager calls (all of the program's),
@@ -250,11 +261,21 @@ class WorkerManager:
 
     def _start_worker(self, w: NodeRun) -> None:
         if not self._processes:
-            start_thread(w, self.program, self.launch_type, self._stopper, lambda: self._poke(b"t"))
+            start_thread(w, self.program, self.launch_type, self._stopper, lambda: self._poke(b"t"), self._extra)
+            self._registry_started(w, os.getpid())
             return
-        for fd in start_process(w, self.program, self.launch_type, self._stop_r, self._req_w):
+        for fd in start_process(w, self.program, self.launch_type, self._stop_r, self._req_w, self._extra):
             self._by_fd[fd] = w
             self._poller.register(fd, select.POLLIN)
+        self._registry_started(w, w.pid)
+
+    def _registry_started(self, w: NodeRun, pid: int) -> None:
+        if self.registry is not None:
+            self.registry.node_started(w.row, pid)
+
+    def _registry_ended(self, w: NodeRun) -> None:
+        if self.registry is not None and w.exit_code is not None:
+            self.registry.node_ended(w.row, w.exit_code)
 
     def _loop(self) -> None:
         while True:
@@ -305,6 +326,7 @@ class WorkerManager:
             if w.thread is not None and w.done and not w.reported:
                 w.reported = True
                 w.exit_code = 0 if w.exception is None else 1
+                self._registry_ended(w)
                 if w.exception is not None:
                     self._fail(w, w.exception)
                 self._notify()
@@ -368,6 +390,7 @@ class WorkerManager:
         os.close(w.pidfd)
         w.pidfd = None
         w.done = True
+        self._registry_ended(w)
         if w.exit_code != 0:
             self._fail(w, NodeFailed(w.label, w.index, w.exit_code, w.error_text.decode("utf-8", "replace")))
         self._notify()
@@ -388,6 +411,8 @@ class WorkerManager:
         if self._stopping:
             return
         self._stopping = True
+        if self.registry is not None:
+            self.registry.set_phase(PHASE_STOPPING)
         if self._notice >= 0:
             self._kill_at = time.monotonic() + self._notice
         launcher_fds.discard(self._stop_w)
@@ -437,11 +462,15 @@ class WorkerManager:
             self._cond.notify_all()
 
     def _finish(self) -> None:
+        if self.registry is not None:
+            self.registry.set_phase(PHASE_ENDED)
         for node in self._nodes:
             try:
                 node.free()
             except Exception:
                 traceback.print_exc()
+        if self.registry is not None:
+            self.registry.close()
         for w in self._workers:
             for fd in list(w.fds):
                 self._close_fd(w, fd)

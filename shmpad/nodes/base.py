@@ -73,6 +73,11 @@ class Node:
     def free(self) -> None:
         """The program has ended, or its launch failed half-way: remove this node's resources."""
 
+    def _registry_entry(self) -> tuple[str, dict[str, str]] | None:
+        """Once allocated, what ``shmpad.top`` can read of this node's shared memory:
+        ``("rings" | "weights" | "rpc", {"segment": name, ...})``, or None."""
+        return None
+
 
 # What shmpad calls on a node that is not one of its own (Launchpad's node protocol)
 _PROTOCOL = ("create_handle", "run")

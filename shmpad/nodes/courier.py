@@ -286,6 +286,9 @@ class CourierNode(PyClassNode):
             # gets Closed instead of waiting for a server that will not come
             MPMCRing.attach(self._ring.name).close()
 
+    def _registry_entry(self) -> tuple[str, dict[str, str]] | None:
+        return None if self._ring is None else ("rpc", {"segment": self._ring.name})
+
     def free(self) -> None:
         if self._ring is not None:
             self._ring.close()

@@ -110,6 +110,10 @@ class RingNode(_SegmentNode):
             return TypedRing.create(self._spec, self._capacity, multi=self._multi)
         return (MPMCRing if self._multi else SPSCRing).create(self._capacity, self._slot_size)
 
+    def _registry_entry(self) -> tuple[str, dict[str, str]] | None:
+        kind = "typed" if self._spec is not None else "mpmc" if self._multi else "spsc"
+        return "rings", {"segment": self.segment_name, "kind": kind}
+
     def attach(self) -> Any:
         name = self.segment_name
         if self._spec is not None:
@@ -136,6 +140,9 @@ class WeightStoreNode(_SegmentNode):
     def _close_shared(self) -> None:
         """A weight store blocks nobody for good (``wait_for_version`` takes a timeout):
         it stays open until freed."""
+
+    def _registry_entry(self) -> tuple[str, dict[str, str]] | None:
+        return "weights", {"segment": self.segment_name}
 
     def attach(self) -> Any:
         return WeightStore.attach(self.segment_name)

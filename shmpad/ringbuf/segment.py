@@ -22,7 +22,8 @@ Names are ``/`` then 1 to 250 of ``A-Z a-z 0-9 . _ -``: a name that is not is re
 with a ``ValueError`` before the OS sees it. Creating a segment checks the size against
 the free space of ``/dev/shm`` and reserves its memory (``posix_fallocate``), so a
 segment that does not fit is a ``SegmentError`` naming the sizes and the fix, never a
-SIGBUS at the first touch of a page.
+SIGBUS at the first touch of a page. A ``/dev/shm`` that is missing or read-only is a
+``SegmentError`` saying so, with the fix, too.
 
 Cleanup: the creator unlinks its segments when it closes them and at interpreter
 exit; a janitor process (see ``janitor.py``) unlinks whatever is left once every
@@ -97,6 +98,14 @@ def _does_not_fit(name: str, size: int, why: str) -> SegmentError:
         f"cannot create shared-memory segment {name!r} of {size} bytes ({_mib(size)}): {why}{free}. "
         f"Ask for less, or give {SHM_DIR} more room (in Docker: docker run --shm-size=...; "
         f"on a host: mount -o remount,size=... {SHM_DIR})"
+    )
+
+
+def _no_room_at_all(name: str, why: str) -> SegmentError:
+    return SegmentError(
+        f"cannot create shared-memory segment {name!r}: {why}. shmpad needs a writable tmpfs at {SHM_DIR} "
+        f"(in Docker there is one; give it room with docker run --shm-size=...; on a host: "
+        f"mount -t tmpfs -o size=... tmpfs {SHM_DIR})"
     )
 
 
@@ -194,7 +203,11 @@ class Segment:
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
         except posix_ipc.ExistentialError:
+            if not os.path.isdir(SHM_DIR):  # shm_open says ENOENT, which posix_ipc words as "exists"
+                raise _no_room_at_all(name, f"{SHM_DIR} does not exist") from None
             raise SegmentError(f"shared-memory segment {name!r} already exists") from None
+        except (OSError, posix_ipc.Error) as e:  # read-only, not permitted, no tmpfs (ENOSYS)
+            raise _no_room_at_all(name, getattr(e, "strerror", None) or str(e)) from None
         with _owned_lock:
             _owned[name] = pid
         janitor.register(name)

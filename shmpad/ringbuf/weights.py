@@ -18,6 +18,8 @@ data area; every control line is 64 bytes)::
     0          8     writer (release)     LATEST: 4 * latest complete version + the buffer
                                           holding it; 0 = nothing published yet
     64         8     creator (release)    CLOSED: 1 once the creator closed the store
+    72         8     readers (atomic add) PULLS: pulls by every handle that copied a version out
+                                          (what ``python -m shmpad.top`` shows; one add per pull)
     128        16    writer, waiters      event (seq, sleepers) for wait_for_version (wait.py)
     192        16    readers, writer      event for a writer waiting for a pin to go (wait.py)
     256        24    writer, readers      buffer 0: STATE = SEQ << 20 | PINS (SEQ odd while
@@ -85,6 +87,7 @@ from shmpad.ringbuf.atomics import (
     cpu_pause,
     fence_acquire,
     fence_release,
+    fetch_add,
     load_acquire,
     load_relaxed,
     store_relaxed,
@@ -101,6 +104,9 @@ KIND = "weights"
 # Byte offsets of the control lines in the data area.
 _LATEST = 0
 _CLOSED = 64
+# In CLOSED's line, which changes once: a reader's add per completed pull (a whole copy of the
+# parameters) costs the others at most one cache miss on their next CLOSED load.
+_PULLS = 72
 _EVENT = 128
 _PIN_EVENT = 192
 _BUFFER_LINES = 256  # buffer b's line is at _BUFFER_LINES + 64 * b
@@ -151,9 +157,12 @@ def _read_begin(words, ctl, newer_than):
 
 @njit(nogil=True, cache=True)
 def _read_end(words, ctl, b, s):
-    """True when buffer ``b`` was not written since its SEQ read ``s``."""
+    """True when buffer ``b`` was not written since its SEQ read ``s`` (and the pull is counted)."""
     fence_acquire()  # pairs with fence_release in _claim: our copy's loads happen before the re-check
-    return load_relaxed(words, _line(ctl, b)) >> _PIN_BITS == s
+    whole = load_relaxed(words, _line(ctl, b)) >> _PIN_BITS == s
+    if whole:
+        fetch_add(words, ctl + _PULLS // 8, 1)
+    return whole
 
 
 @njit(nogil=True, cache=True)
@@ -194,6 +203,7 @@ def _unpin(words, ctl, b, s):
         # release: our copy's loads stay before it; pairs with the cas in _claim
         if cas(words, line, state, state - 1) == state:
             notify(words, ctl + _PIN_EVENT // 8)  # a writer may wait in _claim_or_sleep
+            fetch_add(words, ctl + _PULLS // 8, 1)
             return True
 
 
@@ -282,6 +292,11 @@ def _wait_newer(words, ctl, newer_than, timeout_ns):
 @njit(nogil=True, cache=True)
 def _load_version(words, ctl):
     return load_acquire(words, ctl + _LATEST // 8) >> 2  # pairs with store_release(LATEST) in _write_end
+
+
+@njit(nogil=True, cache=True)
+def _load_pulls(words, ctl):
+    return load_relaxed(words, ctl + _PULLS // 8)  # a count for display: no ordering needed
 
 
 @njit(nogil=True, cache=True)
@@ -622,6 +637,13 @@ class WeightStore:
                 raise Closed("the weight store was closed")
             if deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"no version newer than {newer_than} was published within {timeout} s")
+
+    @property
+    def pulls_by_all(self) -> int:
+        """Pulls that copied a version out, by every handle in every process since the
+        store was created (``statistics().pulls`` counts this handle's)."""
+        self._segment()
+        return int(_load_pulls(self._words, self._ctl))
 
     def statistics(self) -> WeightStoreStatistics:
         """This handle's counters."""

@@ -15,6 +15,7 @@ import select
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin TimeoutError before Python 3.11
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +113,7 @@ class TcpRpcClient(MethodCalls):
         fut, link, call_id, deadline = self._submit(method, args, kwargs)
         try:
             return fut.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
+        except FutureTimeout:
             if fut.done():
                 return fut.result()  # it ended meanwhile, or raised a TimeoutError of its own
             link.pending.pop(call_id, None)

@@ -1,0 +1,296 @@
+"""``python -m shmpad.top`` against launched programs: one JSON sample whose numbers agree
+with what the program did, a SIGKILLed node shown dead with how it ended, the live view
+in a real terminal (tmux), and the registry gone after a SIGKILL of the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from helpers import pid_alive, run_command, shm_exists, spawn_python, wait_until
+
+import shmpad as lp
+from shmpad.launch import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = {"x": (np.int64, ())}
+DEADLINE_S = 60.0
+
+
+def top(*args: str, timeout: float = 60.0) -> tuple[int, str]:
+    code, out, err = run_command(
+        [sys.executable, "-m", "shmpad.top", *args], timeout, "python -m shmpad.top", cwd=ROOT, split=True
+    )
+    return code, out + err
+
+
+def sample(which: str, interval: float = 0.2) -> dict:
+    code, out = top(which, "--once", "--json", "--interval", str(interval))
+    assert code == 0, out
+    return json.loads(out)
+
+
+# -- nodes (module level: forked, they run in the node's process) -------------------------
+
+
+def still_producer(ring) -> None:
+    for i in range(10):
+        ring.put({"x": i}, timeout=DEADLINE_S)
+    lp.publish_counter("items", 10)
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def still_consumer(ring) -> None:
+    for _ in range(4):
+        ring.get(timeout=DEADLINE_S)
+        ring.release()
+    lp.publish_counter("taken", 4)
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def flow(ring) -> None:
+    """Puts and gets as fast as it can until the stop (the ring's rates are not zero)."""
+    i = 0
+    while not lp.stop_event().is_set():
+        ring.put({"x": i}, timeout=DEADLINE_S)
+        ring.get(timeout=DEADLINE_S)
+        ring.release()
+        i += 1
+
+
+class Counter:
+    def __init__(self):
+        self.n = 0
+
+    def add(self, k):
+        self.n += k
+        return self.n
+
+
+def learner(store, counter) -> None:
+    for v in range(3):
+        store.publish({"w": np.full(4, v, np.float32)})
+    for _ in range(5):
+        counter.add(1)
+    lp.publish_counter("calls made", 5)
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def actor(store) -> None:
+    out = {"w": np.zeros(4, np.float32)}
+    assert store.wait_for_version(2, timeout=DEADLINE_S) == 3
+    for _ in range(2):
+        store.pull(out, newer_than=None)
+    lp.publish_counter("pulled", 2)
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def test_a_json_sample_agrees_with_what_the_program_did():
+    program = lp.Program("top-json")
+    still = program.add_node(lp.RingNode(16, spec=SPEC), "still")
+    moving = program.add_node(lp.RingNode(8, spec=SPEC), "moving")
+    store = program.add_node(lp.WeightStoreNode({"w": np.zeros(4, np.float32)}), "weights")
+    counter = program.add_node(lp.CourierNode(Counter), "counter")
+    program.add_node(lp.PyNode(still_producer, still), "producer")
+    program.add_node(lp.PyNode(still_consumer, still), "consumer")
+    program.add_node(lp.PyNode(flow, moving), "flow")
+    program.add_node(lp.PyNode(learner, store, counter), "learner")
+    program.add_node(lp.PyNode(actor, store), "actor")
+    manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=10)
+    try:
+        assert wait_until(lambda: len(lp.counters()) == 4, DEADLINE_S), lp.counters()
+        s = sample(str(os.getpid()))
+        assert (s["program"], s["launcher_pid"], s["phase"]) == ("top-json", os.getpid(), "running")
+        pids = manager.pids()
+        nodes = {n["name"]: n for n in s["nodes"]}
+        assert sorted(nodes) == sorted(pids)
+        for name, n in nodes.items():
+            assert (n["pid"], n["state"], n["restarts"], n["exit_code"]) == (pids[name], "running", 0, None)
+            assert n["rss_bytes"] > 1 << 20 and 0 <= n["cpu_percent"] <= 100 * os.cpu_count()
+        rings = {r["label"]: r for r in s["rings"]}
+        assert set(rings) == {"still", "moving"}  # a courier's request ring is under rpc
+        r = rings["still"]  # quiet since its nodes published their counters: exact numbers
+        assert (r["kind"], r["capacity"], r["puts"], r["gets"], r["size"]) == ("typed", 16, 10, 4, 6)
+        assert (r["fill"], r["puts_per_s"], r["gets_per_s"], r["waits_full"], r["dead_claims"]) == (6 / 16, 0, 0, 0, 0)
+        m = rings["moving"]
+        assert m["puts_per_s"] > 0 and m["gets_per_s"] > 0 and m["puts"] >= m["gets"] > 0
+        assert m["size"] <= m["capacity"]
+        (w,) = s["weights"]
+        assert (w["label"], w["version"], w["pulls"], w["pulls_per_s"]) == ("weights", 3, 2, 0)
+        (c,) = s["rpc"]
+        assert (c["label"], c["calls"], c["calls_per_s"], c["queued"]) == ("counter", 5, 0, 0)
+        published = {(c["node"], c["name"]): (c["value"], c["per_s"]) for c in s["counters"]}
+        assert published == {
+            ("producer/0", "items"): (10, 0),
+            ("consumer/0", "taken"): (4, 0),
+            ("learner/0", "calls made"): (5, 0),
+            ("actor/0", "pulled"): (2, 0),
+        }
+    finally:
+        manager.stop_and_wait()
+
+
+def test_without_a_program_it_lists_the_running_ones_and_refuses_an_unknown_one():
+    program = lp.Program("top-list")
+    program.add_node(lp.PyNode(lp.wait_for_stop, DEADLINE_S), "idle")
+    manager = lp.launch(program, launch_type="test_mp")
+    try:
+        code, out = top("--json")
+        assert code == 0, out
+        mine = [p for p in json.loads(out) if p["launcher_pid"] == os.getpid()]
+        assert [(p["program"], p["nodes"]) for p in mine] == [("top-list", 1)]
+        code, out = top("no-such-program", "--once")
+        assert code == 2 and "no running shmpad program is named 'no-such-program'" in out, out
+    finally:
+        manager.stop_and_wait()
+
+
+def victim() -> None:
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def lingerer(release_fd: int) -> None:
+    """Outlives the stop until the test says so: the program stays up to be looked at."""
+    lp.wait_for_stop(DEADLINE_S)
+    select.select([release_fd], [], [], DEADLINE_S)
+
+
+def test_a_sigkilled_node_shows_as_dead_with_its_exit_status():
+    release_r, release_w = os.pipe()
+    program = lp.Program("top-kill")
+    program.add_node(lp.PyNode(victim), "victim")
+    program.add_node(lp.PyNode(lingerer, release_r), "lingerer")
+    manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=DEADLINE_S)
+    try:
+        os.kill(manager.pids()["victim/0"], signal.SIGKILL)
+        assert wait_until(lambda: manager.exit_codes()["victim/0"] is not None, DEADLINE_S)
+        s = sample(str(os.getpid()))
+        nodes = {n["name"]: n for n in s["nodes"]}
+        dead, alive = nodes["victim/0"], nodes["lingerer/0"]
+        assert (dead["state"], dead["exit_code"], dead["exit"]) == ("dead", -9, "was killed by signal 9 (SIGKILL)")
+        assert (dead["cpu_percent"], dead["rss_bytes"]) == (None, None)
+        assert (alive["state"], alive["exit_code"]) == ("running", None)
+        assert s["phase"] == "stopping"  # the failure stops the program
+    finally:
+        os.write(release_w, b"x")
+        with pytest.raises(lp.NodeFailed):
+            manager.wait()
+        os.close(release_r)
+        os.close(release_w)
+
+
+def fails_once(marker: str) -> None:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise SystemExit(3)
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def test_restarts_of_a_colocated_child_show_in_its_nodes_row(tmp_path):
+    marker = str(tmp_path / "failed")
+    program = lp.Program("top-restarts")
+    program.add_node(lp.MultiProcessingColocation([lp.PyNode(fails_once, marker)], num_retries_on_failure=1), "pool")
+    manager = lp.launch(program, launch_type="test_mp")
+    try:
+        assert wait_until(lambda: sample(str(os.getpid()), 0.05)["nodes"][0]["restarts"] == 1, DEADLINE_S)
+        (node,) = sample(str(os.getpid()), 0.05)["nodes"]
+        assert (node["name"], node["state"], node["restarts"]) == ("pool/0", "running", 1)
+    finally:
+        manager.stop_and_wait()
+
+
+_LAUNCHER = """
+import sys
+import numpy as np
+import shmpad as lp
+sys.path.insert(0, {tests!r})
+from test_top import flow
+program = lp.Program("top-tmux")
+ring = program.add_node(lp.RingNode(8, spec={{"x": (np.int64, ())}}), "trajectories")
+program.add_node(lp.PyNode(flow, ring), "actor")
+manager = lp.launch(program, launch_type="local_mp")
+print("launched", flush=True)
+manager.wait()
+"""
+
+
+def _launcher() -> subprocess.Popen:
+    code = textwrap.dedent(_LAUNCHER.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    proc = spawn_python(code)
+    assert proc.stdout.readline() == b"launched\n"
+    return proc
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(DEADLINE_S)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_the_live_view_in_a_terminal(tmp_path):
+    launcher = _launcher()
+    socket = f"shmpad-top-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+
+    def pane() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True).stdout
+
+    try:
+        command = f"{sys.executable} -m shmpad.top {launcher.pid} --interval 0.2"
+        subprocess.run(
+            [*tmux, "new-session", "-d", "-s", "top", "-x", "150", "-y", "40", "-c", ROOT, command], check=True
+        )
+        subprocess.run([*tmux, "set-option", "-t", "top", "remain-on-exit", "on"], check=True)
+        wanted = ("program 'top-tmux'", "actor/0", "running", "trajectories", "puts/s")
+        assert wait_until(lambda: all(w in pane() for w in wanted), DEADLINE_S, 0.1), pane()
+        # the rates show once there are two samples: a number, not '-', under puts/s
+        line = lambda: next((ln for ln in pane().splitlines() if ln.strip().startswith("trajectories")), "")
+        assert wait_until(lambda: line().split()[2].replace(",", "").isdigit(), DEADLINE_S, 0.1), pane()
+        assert int(line().split()[2].replace(",", "")) > 0, pane()
+        os.killpg(launcher.pid, signal.SIGTERM)  # the launcher stops the program in order
+        assert wait_until(lambda: "program 'top-tmux' has ended" in pane(), DEADLINE_S, 0.1), pane()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        _end(launcher)
+
+
+def test_the_registry_is_removed_after_a_sigkill_of_the_launcher():
+    launcher = _launcher()
+    try:
+        (name,) = [n for n in registry.running_programs() if f".{launcher.pid}." in n]
+        node = json.loads(top(str(launcher.pid), "--once", "--json", "--interval", "0.1")[1])["nodes"][0]["pid"]
+        launcher.kill()  # SIGKILL: no cleanup runs in the launcher
+        launcher.wait(DEADLINE_S)
+        assert wait_until(lambda: not shm_exists(name) and not pid_alive(node), DEADLINE_S), name
+    finally:
+        _end(launcher)
+
+
+def test_publish_counter_checks_its_arguments_and_the_launcher_may_publish_too():
+    with pytest.raises(RuntimeError, match=r"^shmpad\.publish_counter\(\) needs a launched program"):
+        lp.publish_counter("frames", 1)
+    program = lp.Program("top-counters")
+    program.add_node(lp.PyNode(lp.wait_for_stop, DEADLINE_S), "idle")
+    manager = lp.launch(program, launch_type="test_mt")
+    try:
+        with pytest.raises(ValueError, match=r"^a counter name is 1 to 32 UTF-8 bytes, got 'x{33}'$"):
+            lp.publish_counter("x" * 33, 1)
+        with pytest.raises(TypeError, match=r"^a counter name must be a str, got int$"):
+            lp.publish_counter(7, 1)
+        with pytest.raises(TypeError, match=r"^counter 'frames' takes a number, got str$"):
+            lp.publish_counter("frames", "12")
+        lp.publish_counter("frames", np.int64(12))
+        lp.publish_counter("frames", 12.5)  # the same entry, a new value
+        lp.publish_counter("é" * 16, -1)  # 32 bytes
+        assert lp.counters() == {"": {"frames": 12.5, "é" * 16: -1.0}}
+    finally:
+        manager.stop_and_wait()
