@@ -43,6 +43,7 @@ from bench.cli import explicit_options, parser_for
 from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
 from bench.impala_log import CSV_COLUMNS, EPISODE_COLUMNS, csv_header, last_seconds, plot, progress, progress_line
 from bench.impala_plan import make_plan
+from bench.tensorboard import TensorBoardLog
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
@@ -101,6 +102,8 @@ class Args:
     """bf16 autocast in the learner: auto (on a GPU), on, off"""
     publish_every: int = 1
     """learner updates between two publishes of the weights to the actors"""
+    tensorboard: bool = False
+    """also write the progress rows, every loss and the policy lag as TensorBoard scalars into --out/tensorboard (pip install tensorboard)"""
     seed: int = 0
     """seeds every environment and the networks"""
     out: str = ""
@@ -313,6 +316,7 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         if new_log:
             log.writeheader()
             episodes.writerow(EPISODE_COLUMNS)
+        board = TensorBoardLog(os.path.join(args.out, "tensorboard")) if args.tensorboard else None
         start = time.monotonic()
         last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
         last_checkpoint = start
@@ -330,10 +334,13 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
                 f.flush()
                 ep.flush()
                 print(progress_line(row), flush=True)
+                report(row, learner, board)
             if now - last_checkpoint >= 60 * args.checkpoint_minutes:
                 learner.save(checkpoint)
                 last_checkpoint = now
         learner.save(checkpoint)
+        if board is not None:
+            board.close()
     if learner.accumulator is not None:
         learner.accumulator.close()
     plot(log_path, os.path.join(args.out, "curve.png"), args.env, episodes_path)
@@ -345,6 +352,16 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
     else:
         print(f"stopped at {learner.frames:,} frames; saved {checkpoint}", flush=True)
     lp.stop()
+
+
+def report(row: dict, learner: Learner, board: TensorBoardLog | None) -> None:
+    """The progress row beyond the CSV: counters for ``python -m shmpad.top`` and, with
+    --tensorboard, scalars (every loss term too)."""
+    for name in ("frames", "learner_steps", "mean_return", "policy_lag"):
+        if row.get(name, "") != "":
+            lp.publish_counter(name, float(row[name]))
+    if board is not None:
+        board.write({**row, **{f"loss_{k}": v for k, v in learner.statistics().last_loss.items()}})
 
 
 def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp.Handle | None]:

@@ -50,7 +50,7 @@ HELP_GROUPS = {
         "virtual_batch_size",
         "backend",
     ],
-    "output": ["out", "resume", "log_interval", "checkpoint_minutes", "launch_type"],
+    "output": ["out", "resume", "log_interval", "checkpoint_minutes", "tensorboard", "launch_type"],
 }
 CHOICES = {
     "model": ("shallow", "deep", "mlp"),

@@ -30,6 +30,11 @@ TAGS = {
     "learning_rate": "learning/learning_rate",
     "learner_steps": "learning/learner_steps",
     "group_size": "group/size",
+    "policy_lag": "learning/policy_lag_updates",
+    "loss_total": "losses/total",
+    "loss_policy_gradient": "losses/policy_gradient",
+    "loss_baseline": "losses/baseline",
+    "loss_entropy": "losses/entropy",
 }
 """progress row key -> TensorBoard tag; other numeric keys go to ``progress/<key>``"""
 _SKIPPED = {STEP_KEY, "seconds"}  # the step itself, and wall time (TensorBoard keeps its own)

@@ -190,11 +190,18 @@ def test_pixels_learn_through_the_full_stack(tmp_path):
     run_bench(
         *"--env shmpad/Spot-v0 --model shallow --compile off --total-frames 40000 --batch-size 8".split(),
         *"--num-workers 1 --envs-per-worker 8 --learner-threads 1 --learning-rate 0.002 --discount 0.5".split(),
-        *f"--log-interval 5 --out {out} --launch-type test_mp".split(),
+        *f"--log-interval 5 --out {out} --launch-type test_mp --tensorboard".split(),
         timeout=300,
     )
     rows = read_log(out)
     assert float(rows[-1]["mean_return"]) >= 18, [r["mean_return"] for r in rows]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"returns/mean_return", "losses/policy_gradient", "learning/policy_lag_updates"} <= tags, tags
+    assert [e.step for e in events.Scalars("returns/mean_return")][-1] == int(rows[-1]["frames"])
     from bench import evaluate
 
     _, env, model, _ = evaluate.load_run(str(out))

@@ -26,6 +26,8 @@ def _row(frames: int, steps: int, mean_return: float, t: float, last: dict) -> d
             wait_seconds=t / 4,
             learning_rate=6e-4 * (1 - frames / 10_000),
             last_loss={"total": 0.5 - frames / 100_000},
+            policy_lag_sum=1.5 * steps,
+            policy_lag_batches=steps,
         ),
         accumulator=None,
     )
@@ -58,15 +60,17 @@ def test_progress_rows_become_scalars_at_their_frames(tmp_path):
         "throughput/learner_wait_fraction",
         "learning/learning_rate",
         "learning/learner_steps",
+        "learning/policy_lag_updates",
         "group/size",
     }
+    assert scalars["learning/policy_lag_updates"] == [(1000, 1.5), (3000, 1.5)]
 
 
 def test_a_row_without_frames_is_refused_and_unknown_keys_keep_their_name(tmp_path):
     with TensorBoardLog(str(tmp_path)) as log:
         with pytest.raises(ValueError, match=r"^a progress row needs 'frames' \(the step of its scalars\), got keys"):
             log.write({"fps": 1.0})
-        log.write({"frames": 5, "policy_lag": 2, "note": "text"})
+        log.write({"frames": 5, "actor_restarts": 2, "note": "text"})
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    assert events.Tags()["scalars"] == ["progress/policy_lag"]
+    assert events.Tags()["scalars"] == ["progress/actor_restarts"]
