@@ -14,6 +14,8 @@ import pytest
 from ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
 
 from shmpad.errors import Closed, Timeout, WouldBlock
+from shmpad.ringbuf import blocking
+from shmpad.ringbuf.layout import EV_NOT_EMPTY, HEAD
 
 SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}[platform.machine().lower()]
 
@@ -300,3 +302,41 @@ def test_statistics_are_a_frozen_snapshot(make_ring):
         s.puts = 1
     ring.put(b"abc")
     assert s.puts == 0 and ring.statistics().puts == 1
+
+
+# --- the adaptive spin ----------------------------------------------------------------------
+
+
+def test_a_wait_says_whether_its_spin_or_its_sleep_saw_the_change(make_ring):
+    ring = make_ring()
+    ctl, head = ring._ctl, int(ring._ctl[HEAD])
+    assert blocking._wait_change(ctl, HEAD, head + 1, EV_NOT_EMPTY, 10, 10**9) == blocking.SPUN
+    # no spin: the re-check after announcing the sleeper sees it, without sleeping
+    assert blocking._wait_change(ctl, HEAD, head + 1, EV_NOT_EMPTY, 0, 10**9) == blocking.SLEPT
+    assert blocking._wait_change(ctl, HEAD, head, EV_NOT_EMPTY, 10, 10**6) == blocking.UNCHANGED
+
+
+def test_the_spin_budget_doubles_after_a_short_wait_and_halves_after_a_long_one_within_its_bounds():
+    spin, quick, slow = blocking.SPIN, blocking.QUICK_NS - 1, blocking.QUICK_NS
+    assert blocking.next_spin(spin // 2, blocking.SPUN, slow) == spin  # spun: however long it took
+    assert blocking.next_spin(spin // 2, blocking.SLEPT, quick) == spin  # slept, but a spin would have done
+    for seen in (blocking.SLEPT, blocking.UNCHANGED):
+        assert blocking.next_spin(spin, seen, slow) == spin // 2
+    assert blocking.next_spin(spin, blocking.SPUN, quick) == spin
+    assert blocking.next_spin(blocking.SPIN_MIN, blocking.SLEPT, slow) == blocking.SPIN_MIN
+    budgets = [spin]
+    while budgets[-1] > blocking.SPIN_MIN:
+        budgets.append(blocking.next_spin(budgets[-1], blocking.SLEPT, slow))
+    assert len(budgets) < 12  # a handle whose peers are off the CPU stops spinning within a few waits
+    while budgets[-1] < blocking.SPIN:
+        budgets.append(blocking.next_spin(budgets[-1], blocking.SPUN, quick))
+    assert budgets[-1] == blocking.SPIN
+
+
+def test_waits_that_time_out_bring_a_handle_to_its_least_spin(make_ring):
+    ring = make_ring()
+    assert ring._spin == blocking.SPIN
+    for _ in range(12):
+        with pytest.raises(Timeout):
+            ring.get_bytes(timeout=0.001)
+    assert ring._spin == blocking.SPIN_MIN

@@ -33,6 +33,7 @@ class Unpicklable(Exception):
 class Service:
     def __init__(self):
         self.gate = threading.Event()
+        self.at_gate = threading.Event()
         self.calls = 0
 
     def ping(self):
@@ -61,6 +62,7 @@ class Service:
         return s
 
     def wait_gate(self):
+        self.at_gate.set()
         return self.gate.wait(30)
 
     def open_gate(self):
@@ -255,6 +257,51 @@ def test_handlers_run_concurrently(client):
     time.sleep(0.05)
     assert client.open_gate() is True
     assert waiting.result(10) is True
+
+
+def test_a_handler_blocked_on_a_later_call_of_its_run_does_not_stall_it():
+    """Calls waiting in the ring are taken in one go; when the first blocks until a
+    later one of the same run opens its gate, another thread serves the rest."""
+    ring = create_request_ring()
+    client = RpcClient(ring.name)
+    waiting = client.futures.wait_gate()
+    pings = [client.futures.ping() for _ in range(3)]
+    opened = client.futures.open_gate()
+    wait_until(lambda: ring.statistics().size == 5, 10)
+    server = RpcServer(Service(), ring.name)
+    try:
+        assert opened.result(10) is True
+        assert waiting.result(10) is True
+        assert [f.result(10) for f in pings] == ["pong"] * 3
+    finally:
+        client.close()
+        server.close()
+        ring.close()
+        assert server.wait(10)
+
+
+def test_calls_taken_before_stop_are_answered():
+    """stop() ends the taking, not the calls already taken: with one thread stuck in
+    a handler, the calls that came in the same run are answered once it returns."""
+    ring = create_request_ring()
+    client = RpcClient(ring.name)
+    service = Service()
+    waiting = client.futures.wait_gate()
+    pings = [client.futures.ping() for _ in range(3)]
+    wait_until(lambda: ring.statistics().size == 4, 10)
+    server = RpcServer(service, ring.name, threads=1)
+    try:
+        assert service.at_gate.wait(10)
+        server.stop()
+        service.gate.set()
+        assert waiting.result(10) is True
+        assert [f.result(10) for f in pings] == ["pong"] * 3
+        assert server.wait(10)
+    finally:
+        client.close()
+        server.close()
+        ring.close()
+        assert server.wait(10)
 
 
 def test_many_threads_share_one_client(client):

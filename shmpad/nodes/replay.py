@@ -19,7 +19,7 @@ from typing import Any
 from shmpad._checks import check_number, type_name
 from shmpad.launch.stopping import wait_for_stop
 from shmpad.nodes.base import Handle, Node
-from shmpad.replay import SampleBatch, Table, TableInfo
+from shmpad.replay import SampleBatch, Table, TableInfo, Writer
 
 __all__ = ["ReplayNode", "ReplayClient"]
 
@@ -75,6 +75,11 @@ class ReplayClient:
         else:
             targets = {self._only_table() if table is None else table: priority}
         return {name: self.table(name).insert(item, p, timeout=timeout) for name, p in targets.items()}
+
+    def writer(self, table: str | None = None) -> Writer:
+        """A ``Writer`` of ``table`` (may be left out when the node has one table):
+        append steps, ``create_item`` of the last ``T``."""
+        return self.table(self._only_table() if table is None else table).writer()
 
     def sample(self, table: str, batch_size: int, timeout: float | None = None, torch: bool = False) -> SampleBatch:
         return self.table(table).sample(batch_size, timeout=timeout, torch=torch)

@@ -4,6 +4,7 @@
 from shmpad.replay.table import Table
 from shmpad.replay.table import TableInfo
 from shmpad.replay.table import SampleBatch
+from shmpad.replay.writer import Writer
 from shmpad.replay.selectors import Uniform
 from shmpad.replay.selectors import Prioritized
 from shmpad.replay.selectors import Fifo
@@ -21,6 +22,7 @@ __all__ = [
     "Table",
     "TableInfo",
     "SampleBatch",
+    "Writer",
     "Uniform",
     "Prioritized",
     "Fifo",

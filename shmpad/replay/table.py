@@ -38,6 +38,7 @@ from shmpad.errors import Closed, Timeout
 from shmpad.replay import index, lock, paths
 from shmpad.replay.rate_limiters import MinSize, RateLimiter
 from shmpad.replay.selectors import Fifo, Selector, Uniform, check_selector, from_dict
+from shmpad.replay.writer import Writer
 from shmpad.ringbuf.mpmc import pid_alive
 from shmpad.ringbuf.segment import CACHE_LINE, Segment
 from shmpad.ringbuf.typed import Spec, _as_array, _normalise, _to_torch
@@ -364,6 +365,12 @@ class Table:
             self._lock()
             key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, True)
         return int(key)
+
+    def writer(self) -> Writer:
+        """A ``Writer`` that builds this table's items step by step: every field must be
+        a trajectory ``[T, ...]`` with one ``T``, and an item is the last ``T`` steps."""
+        self._check_open()
+        return Writer(self)
 
     def _reserve_slowly(self, args: tuple, src: tuple, until: float | None) -> int:
         """Reserve and copy when the fast path could not: take the lock however long it

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.mpmc import MPMCRing
+from shmpad.ringbuf.ring import current_pid
 from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.rpc import calls
 from shmpad.rpc.calls import FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
@@ -63,7 +64,7 @@ class RpcClient(MethodCalls):
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._pid = current_pid()
         self._request: MPMCRing | None = None
         self._pool: list[SPSCRing] = []
         self._all_rings: list[Any] = []
@@ -87,7 +88,7 @@ class RpcClient(MethodCalls):
 
     def call(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Call ``method(*args, **kwargs)`` on the server and wait for its result."""
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             self._forked()
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         request = self._request or self._connect(deadline, method)
@@ -132,7 +133,7 @@ class RpcClient(MethodCalls):
 
     def call_future(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Future:
         """Like ``call``, but returns at once with a Future of the result."""
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             self._forked()
         fut = _PumpedFuture(self)
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
@@ -152,7 +153,7 @@ class RpcClient(MethodCalls):
 
     def close(self) -> None:
         """Free this client's reply rings; pending futures fail with ``Closed``. Idempotent."""
-        if self._pid != os.getpid():
+        if self._pid != current_pid():
             self._reset()
             return
         self._closed = True
@@ -277,22 +278,25 @@ class RpcClient(MethodCalls):
             try:
                 while not fut._finished() and not self._closed:
                     if deadline is None:
-                        self._read_one(calls.POLL_S)
+                        self._read_replies(calls.POLL_S)
                     else:
                         wait = min(calls.POLL_S, deadline - time.monotonic())
                         if wait <= 0:
                             return
-                        self._read_one(wait)
+                        self._read_replies(wait)
             finally:
                 lock.release()
                 self._last_pump = time.monotonic()
             if self._closed:
                 return
 
-    def _read_one(self, timeout: float) -> None:
-        """Complete the future of one reply, waiting up to ``timeout``."""
+    def _read_replies(self, timeout: float) -> None:
+        """Complete the futures of every reply waiting, waiting up to ``timeout`` for
+        the first: with calls in flight replies come in runs, and a future completed
+        here is one whose ``result()`` reads nothing."""
+        ring = self._futures_ring
         try:
-            data = self._futures_ring.get_bytes(timeout=timeout)
+            data = ring.get_bytes(timeout=timeout)
         except Timeout:
             self._expire()
             request = self._request
@@ -305,6 +309,16 @@ class RpcClient(MethodCalls):
             return
         except Closed:
             return
+        self._complete(data)
+        for _ in range(FUTURES_CAPACITY):
+            try:
+                data = ring.get_bytes_nowait()
+            except (WouldBlock, Closed):
+                return
+            self._complete(data)
+
+    def _complete(self, data: bytes) -> None:
+        """Complete the future that the reply ``data`` answers."""
         cid, ok = REPLY.unpack_from(data)
         entry = self._pending.pop(cid, None)
         if entry is None:
@@ -334,7 +348,7 @@ class RpcClient(MethodCalls):
                 time.sleep(_PUMP_TURN_S)
                 continue
             try:
-                self._read_one(_PUMP_TURN_S)
+                self._read_replies(_PUMP_TURN_S)
             except Exception:
                 traceback.print_exc()  # keep serving the other futures
             finally:

@@ -7,11 +7,15 @@ call an SPSC ring (its name ends in ``.SYNC_TAG``) taken from the client's pool 
 duration of the call, one writer at a time; for futures the client's one MPMC ring.
 
 The server runs handlers concurrently on up to ``threads`` threads, leader /
-followers style: one thread at a time waits on the request ring; when it takes a
-request it hands the wait to the next thread and runs the handler itself, so a
-call crosses no thread boundary on the server. A call of a batched method
-(``batching``) is handed to its batcher and answered when its batch has run, so the
-calls waiting for a batch hold no thread.
+followers style: one thread at a time, the leader, waits on the request ring and runs
+the handlers of what it takes itself, so a call crosses no thread boundary on the
+server. A wake-up takes every request waiting in the ring at once, into a backlog
+the leader works through: with calls in flight they come in runs, and one wait
+serves the whole run. When a handler runs for longer than a tick, a monitor makes
+another thread the leader; it starts with the rest of the backlog, so a handler
+that blocks (say, until a later call of the same run opens a gate) holds up no
+other call. A call of a batched method (``batching``) is handed to its batcher and
+answered when its batch has run, so the calls waiting for a batch hold no thread.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections import deque
 from typing import Any
 
-from shmpad.errors import Closed, SegmentError, Timeout
+from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.mpmc import MPMCRing
 from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.rpc.batching import BatchedHandler
@@ -71,6 +76,9 @@ class RpcServer:
         self._stop = threading.Event()
         self._replies: dict[str, MPMCRing | SPSCRing] = {}
         self._replies_lock = threading.Lock()
+        # Requests taken from the ring and not yet started, oldest first: whichever
+        # thread leads takes the next one (deque's append and popleft are atomic).
+        self._backlog: deque[bytes] = deque()
         # Leadership: the thread whose number is in _leader waits on the ring and runs
         # what it takes inline; _busy[n] is when thread n started its handler (0: not
         # in one). The monitor hands the ring to another thread when the leader has
@@ -104,9 +112,14 @@ class RpcServer:
             monitor.join()
             for t in list(self._workers):
                 t.join()
+            # taken from the ring, so nobody else can answer them: a caller gets its
+            # reply rather than waiting out its deadline
+            while self._backlog:
+                self._handle(self._backlog.popleft())
 
     def stop(self) -> None:
-        """Stop taking requests (within ``POLL_S``); handlers running finish."""
+        """Stop taking requests (within ``POLL_S``); handlers running finish, and so do
+        the calls already taken from the ring."""
         self._stop.set()
         self._monitor_wake.release()
 
@@ -127,6 +140,7 @@ class RpcServer:
 
     def _work(self, me: int) -> None:
         ring = self._ring
+        backlog = self._backlog
         busy = self._busy
         stop = self._stop
         busy[me] = 0.0
@@ -138,13 +152,19 @@ class RpcServer:
                 else:
                     self._park()
                 continue
+            if not backlog:
+                try:
+                    backlog.append(ring.get_bytes(timeout=POLL_S))
+                except Timeout:
+                    continue
+                except Closed:
+                    stop.set()
+                    break
+                _take_waiting(ring, backlog)
             try:
-                data = ring.get_bytes(timeout=POLL_S)
-            except Timeout:
-                continue
-            except Closed:
-                stop.set()
-                break
+                data = backlog.popleft()
+            except IndexError:
+                continue  # a thread that led a moment ago took it
             busy[me] = time.monotonic()
             if self._monitor_idle:
                 self._monitor_wake.release()
@@ -244,6 +264,16 @@ class RpcServer:
                 self._replies.pop(next(iter(self._replies)))
             self._replies[name] = ring
         return ring
+
+
+def _take_waiting(ring: MPMCRing, backlog: deque[bytes]) -> None:
+    """Move every request waiting in ``ring`` to ``backlog`` (at most a ring's worth:
+    requests that keep coming wait for the next round)."""
+    for _ in range(ring.capacity):
+        try:
+            backlog.append(ring.get_bytes_nowait())
+        except (WouldBlock, Closed):
+            return
 
 
 def _outcome(call_id: int, fut: Any) -> tuple:

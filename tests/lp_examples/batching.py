@@ -25,7 +25,8 @@ class Client:
     def run(self) -> None:
         for x in range(self._client_id, self._client_id + self._calls):
             result = self._server.compute([x, x + 1])
-        print(f"client {self._client_id} last result {result.tolist()}", flush=True)
+        # one write with its newline: clients on threads of one process would otherwise interleave lines
+        print(f"client {self._client_id} last result {result.tolist()}\n", end="", flush=True)
         if self._server.done():
             lp.stop()
 
