@@ -120,6 +120,9 @@ def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     rows2 = read_log(out)
     assert len(rows2) > len(rows) and int(rows2[-1]["frames"]) >= 4800
     assert float(rows2[len(rows)]["seconds"]) >= float(rows[-1]["seconds"])  # time continues too
+    text = run_bench(*common, "--total-frames", "4800", "--resume", timeout=300)  # the target is reached already
+    assert "raise --total-frames to train on" in text and "done" not in text
+    assert read_log(out) == rows2  # nothing written
 
 
 def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
