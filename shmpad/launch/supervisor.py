@@ -324,12 +324,13 @@ class WorkerManager:
                     self._kill_all()
         for w in self._workers:
             if w.thread is not None and w.done and not w.reported:
-                w.reported = True
                 w.exit_code = 0 if w.exception is None else 1
                 self._registry_ended(w)
-                if w.exception is not None:
-                    self._fail(w, w.exception)
-                self._notify()
+                with self._cond:  # wait() must never see the node ended before its failure is recorded
+                    if w.exception is not None:
+                        self._fail(w, w.exception)
+                    w.reported = True
+                    self._cond.notify_all()
 
     def _read(self, w: NodeRun, fd: int) -> bool:
         """Forward what ``fd`` has; False when it had nothing (it is then closed if at
@@ -389,11 +390,12 @@ class WorkerManager:
         launcher_fds.discard(w.pidfd)
         os.close(w.pidfd)
         w.pidfd = None
-        w.done = True
         self._registry_ended(w)
-        if w.exit_code != 0:
-            self._fail(w, NodeFailed(w.label, w.index, w.exit_code, w.error_text.decode("utf-8", "replace")))
-        self._notify()
+        with self._cond:  # wait() must never see the node ended before its failure is recorded
+            if w.exit_code != 0:
+                self._fail(w, NodeFailed(w.label, w.index, w.exit_code, w.error_text.decode("utf-8", "replace")))
+            w.done = True
+            self._cond.notify_all()
 
     def _fail(self, w: NodeRun, exc: BaseException) -> None:
         if self._stopping or self._failure is not None:
