@@ -336,7 +336,8 @@ def test_a_closed_table_refuses_calls(make_table):
 
 
 def test_checkpoint_and_restore_round_trip_exactly(make_table, tmp_path):
-    t = make_table(max_size=8, sampler=rp.Prioritized(0.7), remover=rp.Fifo(), max_times_sampled=5)
+    # max_times_sampled above the 7 draws: no item may leave by being sampled, so 8 keys stay to update
+    t = make_table(max_size=8, sampler=rp.Prioritized(0.7), remover=rp.Fifo(), max_times_sampled=8)
     for i in range(11):
         t.insert(item(i), priority=float(i % 4))
     t.sample(7)
