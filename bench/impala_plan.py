@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Plan", "make_plan", "usable_cores", "cpu_has_bf16"]
+__all__ = ["Plan", "make_plan", "usable_cores"]
 
 AUTO = "auto"
 ENVS_PER_WORKER = 16
@@ -39,16 +39,6 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AMX or AVX512-BF16); elsewhere bf16 is emulated and slower."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
 @dataclass(frozen=True)
