@@ -195,7 +195,11 @@ class ActorCritic(nn.Module):
             x, core_state = self._unroll_core(x.view(T, B, -1), done, core_state)  # [T, B, features]
         else:
             x = x.view(T, B, -1)  # [T, B, features]
-        return ModelOutput(self.policy(x), self.baseline(x).squeeze(-1), core_state)
+        # The heads run in the weights' precision even under autocast, so logits and baseline are not rounded to
+        # bf16's 8-bit mantissa; they cost two small matrix products.
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.to(self.policy.weight.dtype)
+            return ModelOutput(self.policy(x), self.baseline(x).squeeze(-1), core_state)
 
     def _unroll_core(
         self, x: torch.Tensor, done: torch.Tensor | None, core_state: tuple[torch.Tensor, ...]

@@ -93,6 +93,25 @@ def test_feedforward_model_needs_no_done_and_treats_steps_independently():
     torch.testing.assert_close(one_step.policy_logits[0, 0], out.policy_logits[1, 1])
 
 
+def test_heads_run_in_fp32_under_bf16_autocast():
+    """Autocast runs the torso in bf16; the policy and baseline heads stay in the weights'
+    fp32, on the torso's features: a bf16 baseline's 8-bit mantissa would add noise to
+    V-trace's advantages for the price of two small matrix products."""
+    model = model_of("shallow")
+    obs = observations("shallow", 2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(obs)
+        features = model.torso(obs.flatten(0, 1))
+    assert features.dtype == torch.bfloat16  # autocast did reach the torso
+    assert out.policy_logits.dtype == torch.float32 and out.baseline.dtype == torch.float32
+    features = features.float().view(2, 3, -1)
+    torch.testing.assert_close(out.baseline, model.baseline(features).squeeze(-1), rtol=0, atol=0)
+    torch.testing.assert_close(out.policy_logits, model.policy(features), rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_heads = model.baseline(features.bfloat16()).squeeze(-1)
+    assert not torch.equal(bf16_heads.float(), out.baseline)  # which bf16 heads would have changed
+
+
 def test_lstm_state_carries_across_calls():
     model = model_of("mlp", use_lstm=True)
     obs, done = observations("mlp", 6, 3), torch.zeros(6, 3, dtype=torch.bool)
