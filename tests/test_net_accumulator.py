@@ -297,6 +297,17 @@ def test_a_member_that_cannot_run_nccl_is_named_when_another_asks_for_it():
         decide([ask("nccl", True), ask("auto", False)], "b/1")
 
 
+def test_members_on_one_gpu_never_get_nccl():
+    """NCCL refuses a group with two members on one GPU ("Duplicate GPU detected", seen on
+    a one-GPU box): auto falls back to the CPU planes, and an ask for NCCL names the ranks."""
+    both = [ask("auto", True)] * 3
+    assert decide(both, "b/1", [11, 22, 33]) == "nccl"
+    assert decide(both, "b/1", [11, 22, 11]) == "shmpad"
+    with pytest.raises(ValueError, match=r"ranks 0 and 2 train on the same GPU, which NCCL refuses"):
+        decide([ask("nccl", True)] * 3, "b/1", [11, 22, 11])
+    assert decide([ask("nccl", True)] * 2, "b/1", [11, 22]) == "nccl"
+
+
 def test_auto_picks_the_ring_for_small_groups_and_gloo_from_four():
     def body(acc, model):
         set_grad(model, [1.0, 2.0])

@@ -96,3 +96,28 @@ def test_closing_wakes_a_blocked_caller_and_no_member_keeps_the_given_up_result(
     with pytest.raises(Abandoned):  # gloo completes it with a's data, but the commit on the ring fails
         b.allreduce(theirs)
     assert np.all(theirs == 2), "b kept a result that a gave up"
+
+
+def test_tensors_and_the_groups_own_buffer_are_reduced_in_place(groups):
+    """The path NCCL takes on a GPU, on the CPU: tensors on the group's device are summed in
+    place, the group's own buffer without a copy in or out; anything else is refused by name."""
+    import torch
+
+    a, b = groups(2)
+    tensors = [torch.full((1001,), 1.5), torch.full((1001,), 2.0)]
+    run_all([lambda g=g, t=t: g.allreduce(t) for g, t in zip((a, b), tensors)])
+    assert all(torch.all(t == 3.5) for t in tensors)
+    own = [g.buffer(17) for g in (a, b)]
+    assert own[0] is a.buffer(17)  # one buffer per size, reused
+    for i, t in enumerate(own):
+        t.fill_(i + 1)
+    run_all([lambda g=g, t=t: g.allreduce(t) for g, t in zip((a, b), own)])
+    assert all(torch.all(t == 3) for t in own)
+    for bad, what in (
+        (torch.zeros(4, dtype=torch.float64), "torch.float64"),
+        (torch.zeros(2, 2), r"\(2, 2\)"),
+        (torch.zeros(8)[::2], "Tensor"),
+        ([0.0, 1.0], "list"),
+    ):
+        with pytest.raises(TypeError, match=r"reduces 1-D contiguous float32 tensors on that device.*got .*" + what):
+            a.allreduce(bad)

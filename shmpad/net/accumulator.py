@@ -144,7 +144,8 @@ class Accumulator:
         self._offsets = np.cumsum([0, *sizes])
         n = int(self._offsets[-1])
         self._flat = np.zeros(n + 2, dtype=np.float32)  # gradients, then batch size and contributions
-        self._sum = np.zeros(n, dtype=np.float32)  # what the reductions of this virtual batch added up to
+        # what the reductions of this virtual batch added up to, where the data plane reduces (NCCL: the GPU)
+        self._sum = torch.zeros(n, dtype=torch.float32)
         self._sum_batch = 0.0
         self._sum_count = 0.0
         self.version = 0
@@ -295,7 +296,7 @@ class Accumulator:
     def _form_plane(self, ring: PeerRing) -> PeerRing | TorchGroup:
         """The ring itself, or the epoch's torch.distributed process group, as the
         members agree (``shmpad.net.torchgroup.choose``)."""
-        backend = choose(ring, self.backend, self._cuda)
+        backend = choose(ring, self.backend, self._cuda, self.params[0].device if self._cuda else None)
         if backend == "shmpad":
             return ring
         device = self.params[0].device if backend == "nccl" else None
@@ -406,9 +407,9 @@ class Accumulator:
         flat = self._staging()
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
-                flat[a:b] = 0
+                flat[a:b].zero_()
             else:
-                flat[a:b] = p.grad.detach().reshape(-1).to("cpu", torch.float32).numpy()
+                flat[a:b].copy_(p.grad.detach().reshape(-1))
         flat[-2] = batch_size
         flat[-1] = 1.0 if batch_size > 0 else 0.0
         return self._reduce(flat)
@@ -417,17 +418,18 @@ class Accumulator:
         """Take part in the group's reduction without contributing (zero gradients,
         not counted in the average). Returns what ``reduce_gradients`` would."""
         flat = self._staging()
-        flat[:] = 0
+        flat.zero_()
         return self._reduce(flat)
 
-    def _staging(self) -> np.ndarray:
-        """Where to gather the gradients: the process group's own buffer (which saves
-        two copies), else ours. Should the plane change before ``_reduce``, that
-        reduction copies from it or is abandoned; either way nothing is torn."""
+    def _staging(self) -> torch.Tensor:
+        """Where to gather the gradients: the process group's own buffer on its device
+        (which saves two copies, and for NCCL keeps them on the GPU), else ours on the
+        host. Should the plane change before ``_reduce``, that reduction copies from it
+        or is abandoned; either way nothing is torn."""
         plane = self._plane
-        return plane.buffer(len(self._flat)) if isinstance(plane, TorchGroup) else self._flat
+        return plane.buffer(len(self._flat)) if isinstance(plane, TorchGroup) else torch.from_numpy(self._flat)
 
-    def _reduce(self, flat: np.ndarray) -> bool:
+    def _reduce(self, flat: torch.Tensor) -> bool:
         with self._lock:
             ring, plane = self._ring, self._plane
         if ring is None and self._closed:
@@ -437,7 +439,7 @@ class Accumulator:
         try:
             if self.check_every and self.version % self.check_every == 0 and self.version != self._checked:
                 self._check(ring)
-            plane.allreduce(flat)
+            plane.allreduce(flat if isinstance(plane, TorchGroup) else flat.numpy())
         except Abandoned as e:
             self.abandoned += 1
             log.info("%s: reduction abandoned: %s", self.name, e)
@@ -447,14 +449,17 @@ class Accumulator:
                 p.grad = None
             return False
         n = len(self._sum)
+        if self._sum.device != flat.device:
+            self._sum = torch.zeros(n, dtype=torch.float32, device=flat.device)  # a new plane: the sum was cleared
         self._sum += flat[:n]
-        self._sum_batch += float(flat[-2])
-        self._sum_count += float(flat[-1])
+        batch, count = flat[-2:].tolist()  # from a GPU: one small copy, after the reduction it waits for anyway
+        self._sum_batch += batch
+        self._sum_count += count
         if self._sum_count == 0 or self._sum_batch < self.virtual_batch_size:
             return False
-        mean = self._sum / np.float32(self._sum_count)
+        mean = self._sum / self._sum_count  # float32, the same bits on every peer
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
-            g = torch.from_numpy(mean[a:b]).view_as(p).to(p.device, p.dtype)
+            g = mean[a:b].view_as(p).to(p.device, p.dtype)
             if p.grad is None:
                 p.grad = g.clone()
             else:
@@ -464,7 +469,7 @@ class Accumulator:
         return True
 
     def _clear_sum(self) -> None:
-        self._sum[:] = 0
+        self._sum.zero_()
         self._sum_batch = 0.0
         self._sum_count = 0.0
 

@@ -54,7 +54,9 @@ member got it. It costs one small ring round per reduction.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
+import logging
 import secrets
 import socket
 import threading
@@ -66,7 +68,7 @@ import torch.distributed as dist
 from shmpad.errors import Abandoned
 from shmpad.net.allreduce import PeerRing
 
-__all__ = ["AUTO_GLOO_FROM", "BACKENDS", "TorchGroup", "ask", "check_backend", "choose", "decide"]
+__all__ = ["AUTO_GLOO_FROM", "BACKENDS", "TorchGroup", "ask", "check_backend", "choose", "decide", "gpu_key"]
 
 
 BACKENDS = ("shmpad", "gloo", "nccl", "auto")
@@ -74,6 +76,8 @@ AUTO_GLOO_FROM = 4
 """``backend="auto"`` on CPU: the shmpad ring for groups smaller than this, gloo from
 this size on (``python -m bench.allreduce``: the ring is faster at 2 and 3 peers and
 ties gloo at 4, see the README's figures)"""
+log = logging.getLogger("shmpad.net")
+
 GRACE_S = 5.0  # past the group's own timeout, how long a wait lasts before the caller gives up
 
 
@@ -92,13 +96,26 @@ def check_backend(backend: str, cuda: bool) -> None:
         )
 
 
-def choose(ring: PeerRing, backend: str, cuda: bool) -> str:
+def choose(ring: PeerRing, backend: str, cuda: bool, device: torch.device | None = None) -> str:
     """The data plane of ``ring``'s epoch, the same on every member (``decide`` on every
-    member's ``ask``, gathered by one allreduce over the ring)."""
-    asks = np.zeros(ring.size, np.int64)
-    asks[ring.rank] = ask(backend, cuda and dist.is_nccl_available())
+    member's ``ask`` and ``gpu_key``, gathered by one allreduce over the ring)."""
+    asks = np.zeros(2 * ring.size, np.int64)
+    nccl = cuda and dist.is_nccl_available()
+    asks[ring.rank] = ask(backend, nccl)
+    asks[ring.size + ring.rank] = gpu_key(device) if nccl and device is not None else 0
     ring.allreduce(asks)
-    return decide(asks.tolist(), ring.key)
+    return decide(asks[: ring.size].tolist(), ring.key, asks[ring.size :].tolist())
+
+
+def gpu_key(device: torch.device) -> int:
+    """A positive 63-bit number naming the GPU ``device`` is, the same in every process
+    that uses it (from its UUID): NCCL refuses a group with two members on one GPU."""
+    props = torch.cuda.get_device_properties(device)
+    name = getattr(props, "uuid", None)
+    if name is None:  # an older torch: the bus address, unique on one host
+        name = (socket.gethostname(), getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", device.index))
+    digest = hashlib.blake2b(str(name).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1 or 1
 
 
 def ask(backend: str, nccl: bool) -> int:
@@ -107,28 +124,47 @@ def ask(backend: str, nccl: bool) -> int:
     return 1 + BACKENDS.index(backend) * 2 + bool(nccl)
 
 
-def decide(asks: list[int], key: str) -> str:
+def decide(asks: list[int], key: str, gpus: list[int] | None = None) -> str:
     """The backend the members asked for (``"auto"`` defers to the others), or when all
     asked for ``"auto"``: NCCL if every member can run it, else the shmpad ring below
-    ``AUTO_GLOO_FROM`` members and gloo from there on. ``ValueError`` if two members
-    asked for different backends, or one for NCCL that another cannot run (every
-    member raises it)."""
+    ``AUTO_GLOO_FROM`` members and gloo from there on. A member cannot run NCCL if its
+    parameters are not on CUDA, its torch has no NCCL, or another member's are on the
+    same GPU (``gpus``: each member's ``gpu_key``, 0 for none). ``ValueError`` if two
+    members asked for different backends, or one for NCCL that another cannot run
+    (every member raises it)."""
     asked = [BACKENDS[(a - 1) // 2] for a in asks]
     wanted = set(asked) - {"auto"}
     if len(wanted) > 1:
         said = ", ".join(f"rank {r}: {b!r}" for r, b in enumerate(asked))
         raise ValueError(f"the members of ring {key!r} asked for different backends ({said}); give all the same")
     unable = [r for r, a in enumerate(asks) if not (a - 1) % 2]
+    shared = _sharing(gpus or [])
     if wanted == {"nccl"} and unable:
         raise ValueError(
             f"a member of ring {key!r} asked for 'nccl', but rank {unable[0]} cannot run it "
             f"(its parameters are not on CUDA, or its torch has no NCCL)"
         )
+    if wanted == {"nccl"} and shared:
+        raise ValueError(
+            f"a member of ring {key!r} asked for 'nccl', but ranks {shared[0]} and {shared[1]} train on the same GPU, "
+            f"which NCCL refuses: give each learner its own GPU (CUDA_VISIBLE_DEVICES), or use backend 'gloo'"
+        )
     if wanted:
         return wanted.pop()
-    if not unable:
+    if not unable and not shared:
         return "nccl"
     return "gloo" if len(asks) >= AUTO_GLOO_FROM else "shmpad"
+
+
+def _sharing(gpus: list[int]) -> tuple[int, int] | None:
+    """The first two ranks on the same GPU, if any."""
+    seen: dict[int, int] = {}
+    for rank, key in enumerate(gpus):
+        if key:
+            if key in seen:
+                return seen[key], rank
+            seen[key] = rank
+    return None
 
 
 class TorchGroup:
@@ -149,7 +185,7 @@ class TorchGroup:
         self._reason: str | None = None
         self._wake: threading.Event | None = None  # the operation in flight's; close() sets it too
         self._work = None  # the operation in flight (a torch Work), while the caller waits for it
-        self._buffers: dict[int, tuple[torch.Tensor, np.ndarray]] = {}
+        self._buffers: dict[int, torch.Tensor] = {}
         self._pg = None
         self._store = self._rendezvous(host)  # the leader's store lives as long as the group
         if self._reason is not None:  # closed (the epoch changed) while it formed
@@ -202,7 +238,7 @@ class TorchGroup:
                 options._timeout = timeout
                 options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
                 pg = dist.ProcessGroupGloo(prefixed, self.rank, self.size, options)
-            else:  # unmeasured: no GPU where this was written
+            else:
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = timeout
                 pg = dist.ProcessGroupNCCL(prefixed, self.rank, self.size, options)
@@ -215,20 +251,24 @@ class TorchGroup:
 
     # -------------------------------------------------------------- operations
 
-    def allreduce(self, array: np.ndarray) -> None:
-        """Replace the float32 ``array`` (the same size on every member) by the sum over
-        the group, in place. ``Abandoned`` when the group was closed, a member went
-        away or stayed silent past the timeout, or the commit on the ring failed."""
-        tensor, staged = self._buffers.get(len(array)) or self._make_buffer(len(array))
-        if array is not staged:
-            np.copyto(staged, array)
-        if self._device.type != "cpu":
-            tensor.copy_(torch.from_numpy(staged), non_blocking=False)
+    def allreduce(self, data: np.ndarray | torch.Tensor) -> None:
+        """Replace ``data`` (1-D float32, the same size on every member) by the sum over
+        the group, in place: a numpy array (a group on the CPU) or a tensor on the
+        group's device, which for NCCL keeps the gradients on the GPU. The reduction
+        runs in the group's own buffer and is copied back once every member committed
+        it, unless ``data`` is that buffer (``buffer(n)``). ``Abandoned`` when the
+        group was closed, a member went away or stayed silent past the timeout, or the
+        commit on the ring failed."""
+        tensor = self._as_tensor(data)
+        staged = self.buffer(tensor.numel())
+        own = tensor.data_ptr() == staged.data_ptr()
+        if not own:
+            staged.copy_(tensor)
         wake = threading.Event()
         with self._lock:
             if self._reason is not None:
                 raise self._abandoned()
-            work = self._pg.allreduce([tensor])
+            work = self._pg.allreduce([staged])
             self._work, self._wake = work, wake
         work.get_future().add_done_callback(lambda _: wake.set())  # runs at once if done already
         if not wake.wait(self.timeout + GRACE_S):
@@ -238,28 +278,47 @@ class TorchGroup:
                 raise self._abandoned()  # the work stays with the group for _retire()
             self._work = self._wake = None
         try:
-            work.wait()
+            work.wait()  # on a GPU: later work on this stream waits for the reduction
         except RuntimeError as e:  # a member died: gloo saw its connection close
             self.close(f"the {self.backend} allreduce failed: {_first_line(e)}")
             raise self._abandoned() from None
         self.ring.allreduce(np.zeros(1, np.int64))  # the commit (module docstring)
-        if self._device.type != "cpu":
-            staged[:] = tensor.cpu().numpy()
-        if array is not staged:
-            np.copyto(array, staged)
+        if not own:
+            tensor.copy_(staged)
 
-    def buffer(self, n: int) -> np.ndarray:
-        """The group's own host buffer of ``n`` float32: ``allreduce`` of it saves copying
-        in and out. Once the group is closed an abandoned operation may still write into
-        it, so a caller takes a new one from the next group."""
-        return (self._buffers.get(n) or self._make_buffer(n))[1]
+    def _as_tensor(self, data: np.ndarray | torch.Tensor) -> torch.Tensor:
+        if isinstance(data, np.ndarray) and self._device.type == "cpu":
+            data = torch.from_numpy(data)  # shares the array's memory
+        if (
+            not isinstance(data, torch.Tensor)
+            or data.dtype != torch.float32
+            or data.dim() != 1
+            or not data.is_contiguous()
+            or data.device != self._device
+        ):
+            what = (
+                f"{type(data).__name__} {data.dtype} {tuple(data.shape)} on {data.device}"
+                if isinstance(data, torch.Tensor)
+                else type(data).__name__
+            )
+            raise TypeError(
+                f"a {self.backend} group on {self._device} reduces 1-D contiguous float32 tensors on that device"
+                f"{' (or numpy arrays)' if self._device.type == 'cpu' else ''}, got {what}"
+            )
+        return data
 
-    def _make_buffer(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
-        staged = np.zeros(n, np.float32)
-        tensor = torch.from_numpy(staged) if self._device.type == "cpu" else torch.zeros(n, device=self._device)
+    def buffer(self, n: int) -> torch.Tensor:
+        """The group's own buffer of ``n`` float32 on its device: ``allreduce`` of it
+        saves copying in and out. Once the group is closed an abandoned operation may
+        still write into it, so a caller takes a new one from the next group."""
+        buffer = self._buffers.get(n)
+        return self._make_buffer(n) if buffer is None else buffer
+
+    def _make_buffer(self, n: int) -> torch.Tensor:
+        tensor = torch.zeros(n, dtype=torch.float32, device=self._device)
         with self._lock:
-            self._buffers[n] = (tensor, staged)
-        return tensor, staged
+            self._buffers[n] = tensor
+        return tensor
 
     # -------------------------------------------------------------- lifetime
 
@@ -285,6 +344,8 @@ class TorchGroup:
             store, self._store = getattr(self, "_store", None), None
             buffers, self._buffers = self._buffers, {}
         if work is None or work.is_completed():
+            if pg is not None and self.backend == "nccl":
+                _shut_down(pg)
             del pg, work, store, buffers
             return
         holding = [pg, work, store, buffers]
@@ -308,6 +369,16 @@ class TorchGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _shut_down(pg) -> None:
+    """Release an idle NCCL group's communicators now. Dropped without this, each one
+    warns at exit that ``destroy_process_group()`` was not called (a group of ours
+    is no default group, so that call does not apply)."""
+    try:
+        pg.shutdown()
+    except (AttributeError, RuntimeError) as e:  # an older torch, or a communicator already broken
+        log.debug("shutting down the NCCL group failed: %s", _first_line(e))
 
 
 def _family(host: str) -> socket.AddressFamily:
