@@ -41,7 +41,16 @@ from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_p
 from bench import rundir
 from bench.cli import explicit_options, parser_for
 from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
-from bench.impala_log import CSV_COLUMNS, EPISODE_COLUMNS, csv_header, last_seconds, plot, progress, progress_line
+from bench.impala_log import (
+    CSV_COLUMNS,
+    EPISODE_COLUMNS,
+    actor_totals,
+    csv_header,
+    last_seconds,
+    plot,
+    progress,
+    progress_line,
+)
 from bench.impala_plan import make_plan
 from bench.tensorboard import TensorBoardLog
 from learners import Learner, LearnerConfig, make_model
@@ -246,21 +255,23 @@ def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None
                 inference.step(timeout=1.0)
             except Timeout:
                 continue
-            if stats is not None and time.monotonic() >= next_report:
+            if time.monotonic() >= next_report:
                 next_report = time.monotonic() + ACTOR_STATS_S
-                _send_stats(stats, pool, inference)
+                counters = actor_counters(pool, inference)
+                for name, value in counters.items():  # for the learner's progress line and shmpad.top
+                    lp.publish_counter(name, value)
+                if stats is not None:
+                    _send_stats(stats, counters)
     except Closed:
         pass  # the program stopped: the trajectory ring was closed under us
     finally:
         pool.close()
 
 
-def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
-    """One JSON message of the actor's and its pool's counters (dropped if nobody reads)."""
+def actor_counters(pool: EnvPool, inference: BatchedInference) -> dict[str, float]:
+    """The actor's and its pool's running totals (``bench.impala_log.ACTOR_COUNTERS``)."""
     p, s = pool.statistics(), inference.statistics()
-    message = {
-        "pid": os.getpid(),
-        "t": time.monotonic(),
+    return {
         "frames": p.frames,
         "env_s": sum(p.worker_env_seconds),
         "wait_s": sum(p.worker_wait_seconds),
@@ -269,6 +280,11 @@ def _send_stats(stats, pool: EnvPool, inference: BatchedInference) -> None:
         "inf_s": s.inference_seconds,
         "rollout_s": s.rollout_seconds,
     }
+
+
+def _send_stats(stats, counters: dict[str, float]) -> None:
+    """One JSON message of the actor's counters (dropped if nobody reads)."""
+    message = {"pid": os.getpid(), "t": time.monotonic(), **counters}
     try:
         stats.put_nowait(json.dumps(message).encode())
     except lp.WouldBlock:
@@ -329,7 +345,7 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
             learner.new_returns.clear()
             now = time.monotonic()
             if now - last["t"] >= args.log_interval or learner.frames >= args.total_frames:
-                row = progress(learner, trajectories, last, now, seconds_before + now - start)
+                row = progress(learner, trajectories, last, now, seconds_before + now - start, actor_totals())
                 log.writerow(row)
                 f.flush()
                 ep.flush()

@@ -9,8 +9,12 @@ import math
 import os
 from typing import Any
 
+import shmpad as lp
+
 __all__ = [
+    "ACTOR_COUNTERS",
     "CSV_COLUMNS",
+    "actor_totals",
     "EPISODE_COLUMNS",
     "bound",
     "csv_header",
@@ -35,6 +39,10 @@ CSV_COLUMNS = [
     "loss",
     "group_size",
     "policy_lag",
+    "env_busy",
+    "inference_ms",
+    "inference_share",
+    "learner_ms",
 ]
 EPISODE_COLUMNS = ["frames", "return"]
 """episodes.csv: every finished episode's true return, at the learner's frame count"""
@@ -43,10 +51,42 @@ SCORE_RANGES = {"Pong": (-21, 21), "Boxing": (-100, 100), "Tennis": (-24, 24), "
 """games whose score range is known: the curve's y axis spans it, so noise looks like noise"""
 
 
-def progress(learner: Any, trajectories, last: dict, now: float, seconds: float) -> dict:
+ACTOR_COUNTERS = ("frames", "env_s", "wait_s", "batches", "inf_wait_s", "inf_s", "rollout_s")
+"""what every actor node publishes (``lp.publish_counter``), running totals: frames stepped, its env
+workers' seconds stepping and waiting for actions, inference batches, and the actor loop's seconds
+waiting for a half, in the network, and writing rollouts"""
+
+
+def actor_totals() -> dict[str, dict[str, float]]:
+    """Every actor node's counters (``ACTOR_COUNTERS``), by node: ``{"actor/0": {...}, ...}``."""
+    return {node: v for node, v in lp.counters().items() if node.startswith("actor/")}
+
+
+def _actor_deltas(actors: dict[str, dict[str, float]], before: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The counters' growth since ``before``, summed over actors; an actor restarted
+    meanwhile (its totals began again) counts from zero."""
+    out = dict.fromkeys(ACTOR_COUNTERS, 0.0)
+    for node, values in actors.items():
+        old = before.get(node, {})
+        for k in ACTOR_COUNTERS:
+            v, o = values.get(k, 0.0), old.get(k, 0.0)
+            out[k] += v - o if v >= o else v
+    return out
+
+
+def _share(part: float, whole: float, digits: int = 3) -> Any:
+    return round(part / whole, digits) if whole > 0 else ""
+
+
+def progress(learner: Any, trajectories, last: dict, now: float, seconds: float, actors: dict | None = None) -> dict:
+    """One row of the log from the learner's statistics and, where given, the actors'
+    counters (``actor_totals()``): the interval since ``last``, which it then updates."""
     s = learner.statistics()
     dt = max(now - last["t"], 1e-9)
     ring = trajectories.statistics()
+    d = _actor_deltas(actors or {}, last.get("actors", {}))
+    steps = s.steps - last["steps"]
+    waited = s.wait_seconds - last["wait"]
     row = {
         "frames": s.frames,
         "seconds": round(seconds, 2),
@@ -56,13 +96,18 @@ def progress(learner: Any, trajectories, last: dict, now: float, seconds: float)
         "learner_steps": s.steps,
         "steps_per_s": round((s.steps - last["steps"]) / dt, 3),
         "queue_fill": round(ring.size / ring.capacity, 3),
-        "wait_fraction": round((s.wait_seconds - last["wait"]) / dt, 3),
+        "wait_fraction": round(waited / dt, 3),
         "learning_rate": f"{s.learning_rate:.3g}",
         "loss": round(s.last_loss.get("total", float("nan")), 4),
         "group_size": learner.accumulator.size if learner.accumulator is not None else 1,
         "policy_lag": _interval_lag(s, last),
+        "env_busy": _share(d["env_s"], d["env_s"] + d["wait_s"]),
+        "inference_ms": round(1e3 * d["inf_s"] / d["batches"], 2) if d["batches"] else "",
+        "inference_share": _share(d["inf_s"], d["inf_wait_s"] + d["inf_s"] + d["rollout_s"]),
+        "learner_ms": round(1e3 * max(dt - waited, 0.0) / steps, 1) if steps else "",
     }
     last.update(
+        actors=actors or {},
         t=now,
         frames=s.frames,
         steps=s.steps,
@@ -85,8 +130,22 @@ def progress_line(row: dict) -> str:
         f"frames {row['frames']:>10,}  fps {row['fps']:>8,.0f}  learner steps/s {row['steps_per_s']:6.2f}  "
         f"return(100) {ret:>7}  episodes {row['episodes']:>6}  {bound(row['queue_fill'], row['wait_fraction'])}"
         + lag
+        + _breakdown(row)
         + (f"  group {row['group_size']}" if row["group_size"] != 1 else "")
     )
+
+
+def _breakdown(row: dict) -> str:
+    """Where the time goes: env workers busy, the actors' network time, the learner's update."""
+    parts = []
+    if row.get("env_busy", "") != "":
+        parts.append(f"env workers busy {row['env_busy']:.0%}")
+    if row.get("inference_ms", "") != "":
+        share = "" if row.get("inference_share", "") == "" else f" ({row['inference_share']:.0%} of the actor loop)"
+        parts.append(f"inference {row['inference_ms']:.1f} ms/batch{share}")
+    if row.get("learner_ms", "") != "":
+        parts.append(f"learner {row['learner_ms']:.0f} ms/update")
+    return ("  | " + ", ".join(parts)) if parts else ""
 
 
 def bound(queue_fill: float, wait_fraction: float) -> str:

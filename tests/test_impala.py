@@ -79,6 +79,11 @@ def test_cartpole_learns_through_the_full_stack(tmp_path):
     assert [int(e["frames"]) for e in episodes] == sorted(int(e["frames"]) for e in episodes)
     lags = [float(r["policy_lag"]) for r in read_log(out) if r["policy_lag"] != ""]
     assert lags and all(0 <= lag < 50 for lag in lags), lags  # updates between acting and learning
+    rows = [r for r in read_log(out) if r["env_busy"] != ""]  # where the time goes, from the actors' counters
+    assert rows, "no row had the actors' counters"
+    for r in rows:
+        assert 0 < float(r["env_busy"]) <= 1 and 0 < float(r["inference_share"]) <= 1, r
+        assert float(r["inference_ms"]) > 0 and float(r["learner_ms"]) > 0, r
     model = make_model("mlp", (4,), 2)
     model.load_state_dict(state["model"])
     env = gymnasium.make("CartPole-v1")

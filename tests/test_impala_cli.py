@@ -79,6 +79,44 @@ def test_the_progress_line_names_the_role_that_bounds_the_run():
     assert impala_log.bound(0.2, 0.05).startswith("balanced")
 
 
+def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():
+    """Env workers busy, inference per batch and share, learner per update, from the growth of
+    every actor's running totals since the last row; a restarted actor counts from zero."""
+    from types import SimpleNamespace
+
+    def learner(steps, wait):
+        stats = SimpleNamespace(
+            frames=steps * 100, mean_return=1.0, episodes=0, steps=steps, wait_seconds=wait, learning_rate=1e-3,
+            last_loss={}, policy_lag_sum=0.0, policy_lag_batches=0,
+        )  # fmt: skip
+        return SimpleNamespace(statistics=lambda: stats, accumulator=None)
+
+    ring = SimpleNamespace(statistics=lambda: SimpleNamespace(size=1, capacity=4))
+    first = {
+        "actor/0": dict(frames=0, env_s=1.0, wait_s=1.0, batches=10, inf_wait_s=0.0, inf_s=1.0, rollout_s=0.0),
+        "actor/1": dict(frames=0, env_s=5.0, wait_s=5.0, batches=50, inf_wait_s=1.0, inf_s=2.0, rollout_s=1.0),
+    }
+    last = {"t": 0.0, "frames": 0, "steps": 0, "wait": 0.0}
+    impala_log.progress(learner(0, 0.0), ring, last, now=1.0, seconds=1.0, actors=first)
+    second = {
+        "actor/0": dict(frames=0, env_s=4.0, wait_s=2.0, batches=30, inf_wait_s=1.0, inf_s=2.0, rollout_s=1.0),
+        "actor/1": dict(
+            frames=0, env_s=2.0, wait_s=0.0, batches=10, inf_wait_s=0.0, inf_s=0.5, rollout_s=0.5
+        ),  # restarted
+    }
+    row = impala_log.progress(learner(8, 1.0), ring, last, now=3.0, seconds=3.0, actors=second)
+    # growth: actor/0 env 3, wait 1, batches 20, loop 1+1+1; actor/1 from zero: env 2, wait 0, batches 10, loop 0+0.5+0.5
+    assert row["env_busy"] == pytest.approx(5 / 6, abs=1e-3)
+    assert row["inference_ms"] == pytest.approx(1e3 * 1.5 / 30, abs=0.01)
+    assert row["inference_share"] == pytest.approx(1.5 / 4, abs=1e-3)
+    assert row["learner_ms"] == pytest.approx(1e3 * (2.0 - 1.0) / 8, abs=0.1)  # 2 s, 1 of them waiting, 8 updates
+    line = impala_log.progress_line(row)
+    assert "env workers busy 83%, inference 50.0 ms/batch (38% of the actor loop), learner 125 ms/update" in line
+    quiet = impala_log.progress(learner(8, 1.0), ring, last, now=4.0, seconds=4.0, actors=second)
+    assert [quiet[k] for k in ("env_busy", "inference_ms", "inference_share", "learner_ms")] == [""] * 4
+    assert "|" not in impala_log.progress_line(quiet)  # nothing measured: no breakdown
+
+
 def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp_path):
     out = str(tmp_path / "run")
     rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out)

@@ -58,12 +58,17 @@ def test_progress_rows_become_scalars_at_their_frames(tmp_path):
         "throughput/learner_steps_per_s",
         "throughput/queue_fill",
         "throughput/learner_wait_fraction",
+        "throughput/learner_ms_per_update",
         "learning/learning_rate",
         "learning/learner_steps",
         "learning/policy_lag_updates",
         "group/size",
     }
     assert scalars["learning/policy_lag_updates"] == [(1000, 1.5), (3000, 1.5)]
+    assert scalars["throughput/learner_ms_per_update"] == [
+        (1000, 75.0),
+        (3000, 37.5),
+    ]  # busy 0.75 s over 10, 20 updates
 
 
 def test_a_row_without_frames_is_refused_and_unknown_keys_keep_their_name(tmp_path):
