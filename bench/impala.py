@@ -51,7 +51,7 @@ from bench.impala_log import (
     progress,
     progress_line,
 )
-from bench.impala_plan import make_plan
+from bench.impala_plan import make_plan, pinned_cpus
 from bench.tensorboard import TensorBoardLog
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
@@ -109,6 +109,8 @@ class Args:
     """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
     bf16: str = "auto"
     """bf16 autocast in the learner: auto (on a GPU), on, off"""
+    pin: str = "auto"
+    """pin the learner to its own cores and the actors with their env workers to the rest: auto (off until measured faster), on, off"""
     publish_every: int = 1
     """learner updates between two publishes of the weights to the actors"""
     tensorboard: bool = False
@@ -169,6 +171,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         learner_threads=plan.learner_threads,
         compile="on" if plan.compile else "off",
         bf16="on" if plan.bf16 else "off",
+        pin="on" if plan.pin else "off",
     )
     if args.min_peers < 1:
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
@@ -412,6 +415,16 @@ def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp
     return program, stats
 
 
+def local_resources(args: Args) -> dict[str, lp.PythonProcess]:
+    """With ``--pin on``: the learner's group on the first ``--learner-threads`` of this
+    process's cores, the actors' (their env workers inherit it) on the others."""
+    cpus = pinned_cpus(args)
+    if cpus is None:
+        return {}
+    learner, actors = cpus
+    return {"learner": lp.PythonProcess(cpus=learner), "actor": lp.PythonProcess(cpus=actors)}
+
+
 IDENTITY = ("env", "model", "use_lstm", "full_action_space")
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
@@ -449,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resuming {args.out} at {frames:,} frames", flush=True)
     try:
         program, _ = build_program(args)
-        manager = lp.launch(program, launch_type=args.launch_type)
+        manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources(args))
         manager.wait()
     finally:
         rundir.remove_temp_files(args.out)  # a learner killed mid-save (a second Ctrl+C) leaves one

@@ -12,7 +12,7 @@ from typing import Any
 
 from actors import EnvConfig
 from bench import rundir
-from bench.impala_plan import usable_cores
+from bench.impala_plan import pinned_cpus, usable_cores
 
 __all__ = ["CHOICES", "EXAMPLES", "FAMILY_DEFAULTS", "HELP_GROUPS", "advice", "env_family", "summary"]
 
@@ -38,6 +38,7 @@ HELP_GROUPS = {
         "learner_threads",
         "compile",
         "bf16",
+        "pin",
         "publish_every",
     ],
     "actors": ["num_actors", "num_workers", "envs_per_worker", "queue_slots"],
@@ -60,6 +61,7 @@ CHOICES = {
     "compile": ("auto", "on", "off"),
     "backend": ("shmpad", "gloo", "nccl", "auto"),
     "bf16": ("auto", "on", "off"),
+    "pin": ("auto", "on", "off"),
     "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
 }
 EXAMPLES = """examples:
@@ -102,8 +104,19 @@ def summary(args: Any) -> str:
         f"plan for {usable_cores()} core(s), {args.device}: {args.num_actors} actor(s) x {args.num_workers} env "
         f"workers x {args.envs_per_worker} envs, learner {args.learner_threads} thread(s), "
         f"{'compiled' if args.compile == 'on' else 'eager'}, {'bf16' if args.bf16 == 'on' else 'fp32'}, "
-        f"weights published every {args.publish_every} update(s)"
+        f"weights published every {args.publish_every} update(s)" + _pinning(args)
     )
+
+
+def _pinning(args: Any) -> str:
+    cpus = pinned_cpus(args)
+    if cpus is None:
+        return ""
+    return f", learner on cpu {_cpu_list(cpus[0])}, actors on cpu {_cpu_list(cpus[1])}"
+
+
+def _cpu_list(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus)) if len(cpus) <= 4 else f"{cpus[0]}..{cpus[-1]} ({len(cpus)} cpus)"
 
 
 def advice(args: Any) -> str | None:

@@ -16,6 +16,10 @@ torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side)
   core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
   convolutional models (1.5x per update after about 20 s of compiling); not for the
   MLP, whose update is overhead, nor for the LSTM core's step loop.
+- CPU, pinning (``--pin on``): the learner runs on its own cores (the first
+  ``learner_threads``) and the actors with their env workers on the others, so that
+  neither preempts the other (``PythonProcess(cpus=...)``). Off by default until it
+  measures faster (``PIN_BY_DEFAULT``).
 - CUDA: the GPU does the learner's arithmetic, so the cores go to the environments:
   one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
   environments each, the learner's host side on one thread. bf16 autocast.
@@ -27,9 +31,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Plan", "make_plan", "usable_cores"]
+__all__ = ["Plan", "make_plan", "pinned_cpus", "usable_cores"]
 
 AUTO = "auto"
+PIN_BY_DEFAULT = False
+"""whether ``--pin auto`` pins on a CPU: not until interleaved rounds on a quiet 2-core machine show it
+faster (three rounds beside other work gave 1.32x, 1.69x and 0.82x)"""
 ENVS_PER_WORKER = 16
 
 
@@ -51,6 +58,7 @@ class Plan:
     learner_threads: int
     compile: bool
     bf16: bool
+    pin: bool
 
 
 def make_plan(args: Any, cores: int | None = None) -> Plan:
@@ -73,7 +81,18 @@ def make_plan(args: Any, cores: int | None = None) -> Plan:
     threads = args.learner_threads or threads
     compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
     bf16 = _switch(args.bf16, "bf16", cuda and conv)
-    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16)
+    pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and not cuda and cores >= 2)
+    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
+
+
+def pinned_cpus(args: Any) -> tuple[list[int], list[int]] | None:
+    """(the learner's CPUs, the actors') under ``--pin on``: the first ``learner_threads``
+    of this process's CPUs, at least one and leaving one; None when off or on one core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if getattr(args, "pin", "off") != "on" or len(cpus) < 2:
+        return None
+    n = min(max(1, args.learner_threads), len(cpus) - 1)
+    return cpus[:n], cpus[n:]
 
 
 def _switch(value: str, name: str, default: bool) -> bool:

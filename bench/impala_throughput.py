@@ -160,7 +160,7 @@ def _pipeline(args: Any) -> dict:
         run_args = dataclasses.replace(args, out=out, log_interval=1.0, launch_type="test_mp", resume=False)
         try:
             program, stats = impala.build_program(run_args, actor_stats=True)
-            manager = lp.launch(program, launch_type="test_mp")
+            manager = lp.launch(program, launch_type="test_mp", local_resources=impala.local_resources(args))
             results = stats.dereference()  # the program's actors send their statistics here
             while not manager.wait_for_stop(0.2):
                 drain(results)

@@ -303,6 +303,48 @@ def test_local_resources_env_and_args():
     assert "SHMPAD_TEST_VAR" not in os.environ
 
 
+def report_affinity(results):
+    """This node's CPUs, and those of a process it forks (env workers inherit them)."""
+    child = os.fork()
+    if child == 0:
+        results.put(repr(("child", sorted(os.sched_getaffinity(0)))).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    results.put(repr(("node", sorted(os.sched_getaffinity(0)))).encode())
+
+
+def test_local_resources_pin_a_group_and_what_it_forks_to_its_cpus():
+    allowed = sorted(os.sched_getaffinity(0))
+    pinned = allowed[-1:]
+    program = lp.Program("pinned")
+    results = program.add_node(lp.RingNode(8, slot_size=256), "results")
+    program.add_node(lp.PyNode(report_affinity, results), "pinned")
+    program.add_node(lp.PyNode(report_affinity, results), "free")
+    manager = lp.launch(program, launch_type="test_mp", local_resources={"pinned": lp.PythonProcess(cpus=pinned)})
+    try:
+        ring = results.dereference()
+        seen = sorted(eval(ring.get_bytes(timeout=30).decode()) for _ in range(4))
+        manager.wait()
+    finally:
+        manager.stop_and_wait()
+    assert sorted(cpus for _, cpus in seen) == sorted([pinned, pinned, allowed, allowed])  # each node and its child
+    assert sorted(os.sched_getaffinity(0)) == allowed  # the launcher itself is untouched
+
+
+def test_bad_cpus_are_refused_by_name():
+    for bad in ([], [-1], [0, 0], ["0"], 3, [True]):
+        with pytest.raises(ValueError, match=r"cpus must be distinct CPU numbers \(ints >= 0\), at least one, got"):
+            lp.PythonProcess(cpus=bad)
+    assert lp.PythonProcess(cpus={1, 0}).cpus == (0, 1)
+    missing = max(os.sched_getaffinity(0)) + 1
+    program = lp.Program("unpinnable")
+    program.add_node(lp.PyNode(blocks_until_stop), "node")
+    with pytest.raises(
+        ValueError, match=rf"local_resources\['node'\] pins to cpus \[{missing}\], but this process may run only on"
+    ):
+        lp.launch(program, launch_type="test_mp", local_resources={"node": lp.PythonProcess(cpus=[missing])})
+
+
 class WithRun:
     def __init__(self, results, tag):
         self.results = results

@@ -180,6 +180,22 @@ def test_the_plan_refuses_a_bad_switch():
         make_plan(_args(compile="yes"), cores=2)
 
 
+def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
+    from bench.impala_plan import PIN_BY_DEFAULT, pinned_cpus
+
+    assert make_plan(_args(pin="auto"), cores=2).pin == PIN_BY_DEFAULT
+    assert not make_plan(_args(pin="auto"), cores=1).pin
+    assert not make_plan(_args(pin="auto", device="cuda"), cores=16).pin
+    assert not make_plan(_args(pin="off"), cores=2).pin and make_plan(_args(pin="on", device="cuda"), cores=16).pin
+    cpus = sorted(os.sched_getaffinity(0))
+    assert pinned_cpus(_args(pin="off", learner_threads=1)) is None
+    if len(cpus) < 2:
+        assert pinned_cpus(_args(pin="on", learner_threads=1)) is None  # nothing to split
+    else:
+        assert pinned_cpus(_args(pin="on", learner_threads=1)) == (cpus[:1], cpus[1:])
+        assert pinned_cpus(_args(pin="on", learner_threads=99)) == (cpus[:-1], cpus[-1:])  # the actors keep one
+
+
 def test_usable_cores_follows_the_affinity():
     from bench.impala_plan import usable_cores
 

@@ -159,6 +159,7 @@ def launch(
             )
         if not isinstance(res, PythonProcess):
             raise ValueError(f"Launch config for {label} must be a PythonProcess, got {type(res).__name__}")
+        res.check_cpus(label)
     processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)
     if processes:
         janitor.start()  # before any fork, so that every node holds the janitor's pipe

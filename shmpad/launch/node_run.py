@@ -153,6 +153,8 @@ def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: 
         if w.resources is not None:
             os.environ.update({k: str(v) for k, v in w.resources.env.items()})
             sys.argv[1:] = w.resources.argv()
+            if w.resources.cpus is not None:
+                os.sched_setaffinity(0, w.resources.cpus)
         w.node.run()
 
     return body
