@@ -88,15 +88,24 @@ def _line(ctl, b):
 
 
 @njit(nogil=True, cache=True)
-def _read_begin(words, ctl, newer_than):
-    """Returns (version, buffer or code, SEQ). ``ctl`` is the word index of the data area."""
+def _latest(words, ctl, newer_than):
+    """(latest version, the buffer holding it), or (version, _NOTHING_NEWER) when it is not
+    newer than ``newer_than`` or is 0, or (0, _IS_CLOSED): the start of _read_begin and _pin."""
     if load_relaxed(words, ctl + _CLOSED // 8) != 0:
-        return 0, _IS_CLOSED, 0
+        return 0, _IS_CLOSED
     latest = load_acquire(words, ctl + _LATEST // 8)  # pairs with store_release(LATEST) in _write_end
     v = latest >> 2
     if v <= newer_than or v == 0:
-        return v, _NOTHING_NEWER, 0
-    b = latest & 3
+        return v, _NOTHING_NEWER
+    return v, latest & 3
+
+
+@njit(nogil=True, cache=True)
+def _read_begin(words, ctl, newer_than):
+    """Returns (version, buffer or code, SEQ). ``ctl`` is the word index of the data area."""
+    v, b = _latest(words, ctl, newer_than)
+    if b < 0:
+        return v, b, 0
     line = _line(ctl, b)
     s = load_acquire(words, line) >> _PIN_BITS  # pairs with store_release(STATE) in _write_end
     if s & 1:
@@ -121,13 +130,9 @@ def _pin(words, ctl, newer_than, pid):
     _unpin (unless ``pid`` dies or the pin outlasts _PIN_TIMEOUT)."""
     v = 0
     for _ in range(_SPINS):
-        if load_relaxed(words, ctl + _CLOSED // 8) != 0:
-            return 0, _IS_CLOSED, 0
-        latest = load_acquire(words, ctl + _LATEST // 8)  # pairs with store_release(LATEST) in _write_end
-        v = latest >> 2
-        if v <= newer_than or v == 0:
-            return v, _NOTHING_NEWER, 0
-        b = latest & 3
+        v, b = _latest(words, ctl, newer_than)
+        if b < 0:
+            return v, b, 0
         line = _line(ctl, b)
         state = load_relaxed(words, line)  # validated by the cas
         if (state >> _PIN_BITS) & 1 == 0 and state & _PINS != _PINS:
