@@ -19,7 +19,7 @@ import numpy as np
 
 from shmpad.errors import Closed
 from shmpad.replay import index, lock
-from shmpad.replay.rate_limiters import RateLimiter
+from shmpad.replay.rate_limiters import from_dict as rate_limiter_from_dict
 from shmpad.replay.selectors import from_dict
 from shmpad.ringbuf.wait import notify
 
@@ -97,14 +97,13 @@ def restore_table(cls: type[Table], path: str | os.PathLike, seed: int | None = 
     """``Table.restore``: a new ``cls`` made from the checkpoint at ``path``."""
     with np.load(os.fspath(path), allow_pickle=False) as z:
         c = json.loads(str(z["config"]))
-    rl = c["rate_limiter"]
     table = cls(
         c["name"],
         {f: (d, tuple(s)) for f, d, s in c["spec"]},
         c["max_size"],
         from_dict(c["sampler"]),
         from_dict(c["remover"]),
-        RateLimiter(rl["samples_per_insert"], rl["min_size_to_sample"], rl["min_diff"], rl["max_diff"]),
+        rate_limiter_from_dict(c["rate_limiter"]),
         c["max_times_sampled"],
         seed=seed,
     )

@@ -37,6 +37,7 @@ from shmpad.errors import Closed, Timeout
 from shmpad.replay import index, lock, paths
 from shmpad.replay.checkpoint import load_checkpoint, restore_table, write_checkpoint
 from shmpad.replay.rate_limiters import MinSize, RateLimiter
+from shmpad.replay.rate_limiters import from_dict as rate_limiter_from_dict
 from shmpad.replay.selectors import Fifo, Selector, Uniform, check_selector, from_dict
 from shmpad.replay.writer import Writer
 from shmpad.ringbuf.mpmc import pid_alive
@@ -205,10 +206,7 @@ class Table:
         self.spec = {f: (d, s) for f, d, s in self.fields}
         self.sampler = from_dict(meta["sampler"])
         self.remover = from_dict(meta["remover"])
-        rl = meta["rate_limiter"]
-        self.rate_limiter = RateLimiter(
-            rl["samples_per_insert"], rl["min_size_to_sample"], rl["min_diff"], rl["max_diff"]
-        )
+        self.rate_limiter = rate_limiter_from_dict(meta["rate_limiter"])
         self.max_times_sampled: int = meta["max_times_sampled"]
         self._exponent = _exponent(self.sampler, self.remover)
         self._limits = np.array(self.rate_limiter.params(), np.float64)
