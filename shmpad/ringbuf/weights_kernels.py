@@ -127,7 +127,7 @@ def _read_end(words, ctl, b, s):
 @njit(nogil=True, cache=True)
 def _pin(words, ctl, newer_than, pid):
     """Like _read_begin, with the buffer pinned by ``pid``: the writer will not claim it until
-    _unpin (unless ``pid`` dies or the pin outlasts _PIN_TIMEOUT)."""
+    _unpin (unless ``pid`` dies or the pin outlasts weights._PIN_TIMEOUT)."""
     v = 0
     for _ in range(_SPINS):
         v, b = _latest(words, ctl, newer_than)
