@@ -142,7 +142,10 @@ class BatchedInference:
         return pinned.to(self.device, non_blocking=True)
 
     def _to_host(self, *tensors: torch.Tensor) -> list[np.ndarray]:
-        """Numpy arrays of ``tensors``; from CUDA through pinned buffers with one synchronisation."""
+        """Numpy arrays of ``tensors``; from CUDA through pinned buffers with one synchronisation.
+        On CUDA they are views of those buffers, which the next call overwrites: ``step`` copies
+        them into the action slots and the rollout writer's staging before it returns, and
+        keeps no reference to them, so they need no copy of their own."""
         if self.device.type != "cuda":
             return [t.numpy() for t in tensors]
         out = []
@@ -153,7 +156,7 @@ class BatchedInference:
             pinned.copy_(t, non_blocking=True)
             out.append(pinned)
         torch.cuda.current_stream(self.device).synchronize()  # the one wait of the batch
-        return [p.numpy().copy() for p in out]
+        return [p.numpy() for p in out]
 
     def core_state(self, half: int) -> tuple[torch.Tensor, ...]:
         """The core state the half's next batch starts from (``()`` for a feed-forward model)."""

@@ -58,6 +58,48 @@ def test_inference_unrolls_replay_in_a_single_process_run(shm_leak_check):
     assert first["logits"].shape == (4, T + 1, 2) and np.isfinite(first["logits"]).all()
 
 
+class HostBuffersReused(BatchedInference):
+    """``_to_host`` as on CUDA, on the CPU: the arrays are views of buffers that the next
+    call overwrites (the pinned staging buffers)."""
+
+    def _to_host(self, *tensors: torch.Tensor) -> list[np.ndarray]:
+        out = []
+        for i, t in enumerate(tensors):
+            buf = self._pinned.get(i)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = self._pinned[i] = torch.empty_like(t)
+            buf.copy_(t)
+            out.append(buf.numpy())
+        return out
+
+
+def _unrolls(inference_type: type[BatchedInference], T: int = 3) -> dict[str, np.ndarray]:
+    """Two unrolls of each of 4 environments, [4, 2 (T+1), ...] per field, from a seeded run."""
+    torch.manual_seed(0)
+    with EnvPool(EnvConfig("CartPole-v1"), 2, 2, seed=5) as pool:
+        ring = TypedRing.create(trajectory_spec(pool.spec, T), capacity=16)
+        try:
+            inference = inference_type(pool, TinyPolicy(), rollouts=RolloutWriter(ring, 2, pool.half_size, timeout=10))
+            for _ in range(2 * (2 * T + 1)):
+                inference.step(timeout=30)
+            batches = []
+            for _ in range(2):
+                batches.append({k: v.copy() for k, v in ring.get_batch(4, timeout=10).items()})
+                ring.release()
+        finally:
+            ring.close()
+    return {f: np.concatenate([b[f] for b in batches], axis=1) for f in batches[0]}
+
+
+def test_inference_is_done_with_its_host_arrays_when_a_step_returns(shm_leak_check):
+    # On CUDA the actions and logits come back as views of pinned buffers that the next step
+    # overwrites; the unrolls must be those of a run whose every step has arrays of its own.
+    fresh, reused = _unrolls(BatchedInference), _unrolls(HostBuffersReused)
+    assert fresh.keys() == reused.keys()
+    for f in fresh:
+        np.testing.assert_array_equal(reused[f], fresh[f], err_msg=f)
+
+
 def test_local_policy_actors_pull_weights_and_write_unrolls(shm_leak_check):
     model = TinyPolicy()
     store = WeightStore.create(model)

@@ -7,6 +7,8 @@ eager; the plan fills the cores it is given."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -18,6 +20,8 @@ from learners.learner import Learner, LearnerConfig
 from learners.transfer import BatchStager, WeightPublisher
 from shmpad.ringbuf import TypedRing, WeightStore
 from tests.test_learner import OBS, A, B, T, _fill, _spec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -196,10 +200,23 @@ def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
         assert pinned_cpus(_args(pin="on", learner_threads=99)) == (cpus[:-1], cpus[-1:])  # the actors keep one
 
 
-def test_usable_cores_follows_the_affinity():
-    from bench.impala_plan import usable_cores
+def _usable_cores_in_a_child_on(cores: list[int]) -> int:
+    """``usable_cores()`` as a child process reports it after narrowing its affinity to ``cores``."""
+    code = f"import os\nos.sched_setaffinity(0, {cores!r})\nfrom bench.impala_plan import usable_cores\nprint(usable_cores())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
 
-    assert usable_cores() == len(os.sched_getaffinity(0))
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity on this platform")
+def test_usable_cores_follows_the_affinity():
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        pytest.skip(f"this process may run on one core only ({mine}): narrowing its affinity cannot change the count")
+    # one core of the machine's several: os.cpu_count() would still say all of them
+    assert _usable_cores_in_a_child_on(mine[:1]) == 1
+    # two: a count that ignored the affinity and answered 1 would fail here
+    assert _usable_cores_in_a_child_on(mine[:2]) == 2
 
 
 def test_policy_lag_counts_updates_between_acting_and_learning(ring):

@@ -12,7 +12,7 @@ import pytest
 from helpers import FORK, Forked, child_log, wait_until
 
 from shmpad.errors import Closed
-from shmpad.ringbuf import weights
+from shmpad.ringbuf import weights, weights_kernels
 from shmpad.ringbuf.weights import WeightStore
 
 TIMEOUT = 60.0
@@ -157,9 +157,9 @@ def test_a_publish_waits_for_a_pinned_copy_and_a_broken_pin_fails_the_copy(monke
     with WeightStore.create(_small(0)) as store:
         words, ctl = store._words, store._ctl
         store.publish(_small(1))
-        first = weights._pin(words, ctl, 0, os.getpid())
+        first = weights_kernels._pin(words, ctl, 0, os.getpid())
         store.publish(_small(2))
-        second = weights._pin(words, ctl, 0, os.getpid())
+        second = weights_kernels._pin(words, ctl, 0, os.getpid())
         assert [first[0], second[0]] == [1, 2]
         assert store.publish(_small(3)) == 3  # the third buffer was free: no wait
         assert store.statistics().publish_waits == 0
@@ -167,24 +167,24 @@ def test_a_publish_waits_for_a_pinned_copy_and_a_broken_pin_fails_the_copy(monke
         publisher = threading.Thread(target=store.publish, args=(_small(4),))
         publisher.start()
         try:
-            sleepers = ctl + weights._PIN_EVENT // 8 + 1
+            sleepers = ctl + weights_kernels._PIN_EVENT // 8 + 1
             assert wait_until(lambda: words[sleepers] > 0, TIMEOUT), "the publish never waited"
-            assert weights._unpin(words, ctl, first[1], first[2])  # the copy under the first pin was whole
+            assert weights_kernels._unpin(words, ctl, first[1], first[2])  # the copy under the first pin was whole
         finally:
             publisher.join(TIMEOUT)
         assert not publisher.is_alive()
         stats = store.statistics()
         assert (stats.publishes, stats.publish_waits, stats.pins_broken) == (4, 1, 0)
 
-        third = weights._pin(words, ctl, 0, os.getpid())  # the buffer of version 4
+        third = weights_kernels._pin(words, ctl, 0, os.getpid())  # the buffer of version 4
         assert third[0] == 4
         assert store.publish(_small(5)) == 5  # into the buffer the first pin left
         monkeypatch.setattr(weights, "_PIN_TIMEOUT", 0.0)
         assert store.publish(_small(6)) == 6  # both others pinned: breaks the pin of version 4's buffer
         stats = store.statistics()
         assert (stats.publish_waits, stats.pins_broken) == (2, 1)
-        assert not weights._unpin(words, ctl, third[1], third[2])  # that copy may be torn: it is thrown away
-        assert weights._unpin(words, ctl, second[1], second[2])
+        assert not weights_kernels._unpin(words, ctl, third[1], third[2])  # that copy may be torn: it is thrown away
+        assert weights_kernels._unpin(words, ctl, second[1], second[2])
         version, got = store.pull_arrays()
         assert (version, _values(got)) == (6, {6})
 
@@ -194,9 +194,9 @@ def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
     store = WeightStore.create(_small(0))
     words, ctl = store._words, store._ctl
     store.publish(_small(1))
-    weights._pin(words, ctl, 0, os.getpid())
+    weights_kernels._pin(words, ctl, 0, os.getpid())
     store.publish(_small(2))
-    weights._pin(words, ctl, 0, os.getpid())
+    weights_kernels._pin(words, ctl, 0, os.getpid())
     store.publish(_small(3))
     outcome: list[BaseException] = []
 
@@ -209,7 +209,7 @@ def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
     publisher = threading.Thread(target=publish)
     publisher.start()
     try:
-        sleepers = ctl + weights._PIN_EVENT // 8 + 1
+        sleepers = ctl + weights_kernels._PIN_EVENT // 8 + 1
         assert wait_until(lambda: words[sleepers] > 0, TIMEOUT), "the publish never waited"
         store.close()  # the creator's close: every process's calls raise Closed, waiters wake
         publisher.join(TIMEOUT)
@@ -222,7 +222,7 @@ def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
 
 def _pin_latest_and_hang(store: WeightStore, pinned) -> None:
     """Pin the buffer of the latest version as a pull's fallback does, then hang until SIGKILL."""
-    v, b, _ = weights._pin(store._words, store._ctl, 0, os.getpid())
+    v, b, _ = weights_kernels._pin(store._words, store._ctl, 0, os.getpid())
     if b < 0:
         raise AssertionError(f"pinning version {v} returned code {b}")
     pinned.set()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from shmpad._checks import type_name
 
-__all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio", "Queue"]
+__all__ = ["RateLimiter", "MinSize", "SampleToInsertRatio", "Queue", "from_dict"]
 
 
 def _number(name: str, value: object, allow_inf: bool = False) -> float:
@@ -77,6 +77,11 @@ class RateLimiter:
             "min_diff": self.params()[2],
             "max_diff": self.params()[3],
         }
+
+
+def from_dict(d: dict) -> RateLimiter:
+    """The rate limiter ``RateLimiter.to_dict`` described (a table's metadata, a checkpoint)."""
+    return RateLimiter(d["samples_per_insert"], d["min_size_to_sample"], d["min_diff"], d["max_diff"])
 
 
 def MinSize(min_size_to_sample: int) -> RateLimiter:  # noqa: N802 - Reverb's name

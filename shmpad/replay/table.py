@@ -24,7 +24,6 @@ is replaced by the next waiter, which rebuilds the index (``lock.py``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -36,7 +35,9 @@ import numpy as np
 from shmpad._checks import check_int, deadline, type_name
 from shmpad.errors import Closed, Timeout
 from shmpad.replay import index, lock, paths
+from shmpad.replay.checkpoint import load_checkpoint, restore_table, write_checkpoint
 from shmpad.replay.rate_limiters import MinSize, RateLimiter
+from shmpad.replay.rate_limiters import from_dict as rate_limiter_from_dict
 from shmpad.replay.selectors import Fifo, Selector, Uniform, check_selector, from_dict
 from shmpad.replay.writer import Writer
 from shmpad.ringbuf.mpmc import pid_alive
@@ -205,10 +206,7 @@ class Table:
         self.spec = {f: (d, s) for f, d, s in self.fields}
         self.sampler = from_dict(meta["sampler"])
         self.remover = from_dict(meta["remover"])
-        rl = meta["rate_limiter"]
-        self.rate_limiter = RateLimiter(
-            rl["samples_per_insert"], rl["min_size_to_sample"], rl["min_diff"], rl["max_diff"]
-        )
+        self.rate_limiter = rate_limiter_from_dict(meta["rate_limiter"])
         self.max_times_sampled: int = meta["max_times_sampled"]
         self._exponent = _exponent(self.sampler, self.remover)
         self._limits = np.array(self.rate_limiter.params(), np.float64)
@@ -477,92 +475,19 @@ class Table:
         self._check_open()
         return int(self._ctl[index.SIZE])
 
-    # -- checkpoints -------------------------------------------------------------------------
-
-    def _config(self) -> dict:
-        meta = self._seg.meta
-        return {
-            k: meta[k] for k in ("name", "spec", "max_size", "sampler", "remover", "rate_limiter", "max_times_sampled")
-        }
+    # -- checkpoints (checkpoint.py) ---------------------------------------------------------
 
     def checkpoint(self, path: str | os.PathLike) -> str:
         """Write every item (data, key, priority, times sampled, in insertion order) and
         the counters to ``path`` (a ``.npz``; written whole, then renamed into place)."""
-        if self._ctl is None:
-            raise Closed(f"replay table {self.name!r}: this handle is closed")
-        path = os.fspath(path)
-        self._lock()
-        try:
-            slots = index.ready_slots(self._index)
-            t = self._index
-            state = {
-                "keys": t[3][slots].copy(),
-                "times": t[4][slots].copy(),
-                "priorities": t[5][slots].copy(),
-                "counters": self._ctl[[index.INSERTS, index.SAMPLES, index.DELETES, index.NEXT_SEQ]].copy(),
-            }
-            for f in self._data:
-                state["field:" + f] = self._data[f][slots]
-        finally:
-            lock.release(self._ctl)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, config=np.array(json.dumps(self._config())), **state)
-        os.replace(tmp, path)
-        return path
+        return write_checkpoint(self, path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Fill this empty table from a checkpoint of a table with the same spec,
         max_size, selectors, rate limiter and max_times_sampled."""
-        self._check_open()
-        with np.load(os.fspath(path), allow_pickle=False) as z:
-            config = json.loads(str(z["config"]))
-            mine = self._config()
-            differs = [k for k in mine if k != "name" and config.get(k) != mine[k]]
-            if differs:
-                raise ValueError(
-                    f"checkpoint {os.fspath(path)!r} is of a different table: its {differs} differ from "
-                    f"table {self.name!r}'s"
-                )
-            keys, times, prios, counters = z["keys"], z["times"], z["priorities"], z["counters"]
-            fields = {f: z["field:" + f] for f in self._data}
-        self._lock()
-        try:
-            ctl, state, owner, key, tm, prio = self._index[:6]
-            if ctl[index.SIZE] or ctl[index.PENDING] or ctl[index.INSERTS]:
-                raise ValueError(f"replay table {self.name!r} must be empty to load a checkpoint")
-            slots = keys % self.max_size
-            for f, a in fields.items():
-                self._data[f][slots] = a
-            key[slots] = keys
-            tm[slots] = times
-            prio[slots] = prios
-            state[slots] = index.READY
-            ctl[[index.INSERTS, index.SAMPLES, index.DELETES, index.NEXT_SEQ]] = counters
-            index.rebuild(self._index, self._exponent, np.empty(0, np.int64), self.max_times_sampled)
-        finally:
-            lock.release(self._ctl)
-        notify(self._ctl, index.EV_CHANGED)
+        load_checkpoint(self, path)
 
     @classmethod
     def restore(cls, path: str | os.PathLike, seed: int | None = None) -> Table:
         """A new table made from a checkpoint: the same configuration and items."""
-        with np.load(os.fspath(path), allow_pickle=False) as z:
-            c = json.loads(str(z["config"]))
-        rl = c["rate_limiter"]
-        table = cls(
-            c["name"],
-            {f: (d, tuple(s)) for f, d, s in c["spec"]},
-            c["max_size"],
-            from_dict(c["sampler"]),
-            from_dict(c["remover"]),
-            RateLimiter(rl["samples_per_insert"], rl["min_size_to_sample"], rl["min_diff"], rl["max_diff"]),
-            c["max_times_sampled"],
-            seed=seed,
-        )
-        try:
-            table.load(path)
-        except BaseException:
-            table.close()
-            raise
-        return table
+        return restore_table(cls, path, seed)
