@@ -110,7 +110,7 @@ class Args:
     bf16: str = "auto"
     """bf16 autocast in the learner: auto (on a GPU), on, off"""
     pin: str = "auto"
-    """pin the learner to its own cores and the actors with their env workers to the rest: auto (off until measured faster), on, off"""
+    """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
     publish_every: int = 1
     """learner updates between two publishes of the weights to the actors"""
     tensorboard: bool = False

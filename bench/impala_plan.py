@@ -18,8 +18,9 @@ torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side)
   MLP, whose update is overhead, nor for the LSTM core's step loop.
 - CPU, pinning (``--pin on``): the learner runs on its own cores (the first
   ``learner_threads``) and the actors with their env workers on the others, so that
-  neither preempts the other (``PythonProcess(cpus=...)``). Off by default until it
-  measures faster (``PIN_BY_DEFAULT``).
+  neither preempts the other (``PythonProcess(cpus=...)``): the default Pong job ran
+  1.22x faster pinned (median of 4 interleaved rounds; its learner took 480-490 ms per
+  update instead of 550-590).
 - CUDA: the GPU does the learner's arithmetic, so the cores go to the environments:
   one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
   environments each, the learner's host side on one thread. bf16 autocast.
@@ -34,9 +35,8 @@ from typing import Any
 __all__ = ["Plan", "make_plan", "pinned_cpus", "usable_cores"]
 
 AUTO = "auto"
-PIN_BY_DEFAULT = False
-"""whether ``--pin auto`` pins on a CPU: not until interleaved rounds on a quiet 2-core machine show it
-faster (three rounds beside other work gave 1.32x, 1.69x and 0.82x)"""
+PIN_BY_DEFAULT = True
+"""whether ``--pin auto`` pins on a CPU: yes, 1.22x frames/s on 2 cores (docs/results/cpu-pinning)"""
 ENVS_PER_WORKER = 16
 
 
