@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from helpers import pid_alive, run_command, shm_exists, spawn_python, wait_until
 
 import shmpad as lp
 from shmpad.launch import registry
+from shmpad.rpc.stats import stats_name
+from shmpad.top.sample import Sampler, find_program
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = {"x": (np.int64, ())}
@@ -126,7 +129,8 @@ def test_a_json_sample_agrees_with_what_the_program_did():
         (w,) = s["weights"]
         assert (w["label"], w["version"], w["pulls"], w["pulls_per_s"]) == ("weights", 3, 2, 0)
         (c,) = s["rpc"]
-        assert (c["label"], c["calls"], c["calls_per_s"], c["queued"]) == ("counter", 5, 0, 0)
+        assert (c["label"], c["calls"], c["calls_per_s"], c["queued"], c["answered"]) == ("counter", 5, 0, 0, 5)
+        assert (c["ms_per_call"], c["latency_ms"]) == (None, None)  # no call answered in the interval
         published = {(c["node"], c["name"]): (c["value"], c["per_s"]) for c in s["counters"]}
         assert published == {
             ("producer/0", "items"): (10, 0),
@@ -185,6 +189,53 @@ def test_a_sigkilled_node_shows_as_dead_with_its_exit_status():
             manager.wait()
         os.close(release_r)
         os.close(release_w)
+
+
+NAP_S = 0.02
+
+
+class Sleeper:
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_a_courier_shows_its_time_per_call_and_keeps_its_counts_when_sigkilled(shm_leak_check):
+    release_r, release_w = os.pipe()
+    program = lp.Program("top-latency")
+    sleeper = program.add_node(lp.CourierNode(Sleeper), "sleeper")
+    program.add_node(lp.PyNode(lingerer, release_r), "lingerer")
+    manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=DEADLINE_S)
+    client = sleeper.dereference()
+    sampler = Sampler(find_program(str(os.getpid())))
+    try:
+        assert client.nap(0) == 0  # the server is up
+        (before,) = sampler.sample()["rpc"]
+        assert (before["answered"], before["ms_per_call"], before["latency_ms"]) == (1, None, None)  # one sample
+        for _ in range(3):
+            client.nap(NAP_S)
+        (row,) = sampler.sample()["rpc"]
+        assert (row["label"], row["calls"], row["answered"]) == ("sleeper", 4, 4)
+        assert row["ms_per_call"] >= NAP_S * 1000  # a lower bound: each of the 3 slept this long
+        assert row["latency_ms"] >= row["ms_per_call"]
+        stats = stats_name(row["segment"])
+        os.kill(manager.pids()["sleeper/0"], signal.SIGKILL)
+        assert wait_until(lambda: manager.exit_codes()["sleeper/0"] is not None, DEADLINE_S)
+        s = sample(str(os.getpid()))
+        (node,) = [n for n in s["nodes"] if n["name"] == "sleeper/0"]
+        assert (node["state"], node["exit"]) == ("dead", "was killed by signal 9 (SIGKILL)")
+        (row,) = s["rpc"]  # the counts outlive the server
+        assert (row["calls"], row["answered"], row["ms_per_call"], row["latency_ms"]) == (4, 4, None, None)
+        assert shm_exists(stats)
+    finally:
+        client.close()
+        sampler.close()
+        os.write(release_w, b"x")
+        with pytest.raises(lp.NodeFailed):
+            manager.wait()
+        os.close(release_r)
+        os.close(release_w)
+    assert not shm_exists(stats)
 
 
 def fails_once(marker: str) -> None:
