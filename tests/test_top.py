@@ -4,6 +4,7 @@ in a real terminal (tmux), and the registry gone after a SIGKILL of the launcher
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -17,10 +18,12 @@ import time
 import numpy as np
 import pytest
 from helpers import pid_alive, run_command, shm_exists, spawn_python, wait_until
+from rich.console import Console
 
 import shmpad as lp
-from shmpad.launch import registry
+from shmpad.launch import output, registry
 from shmpad.rpc.stats import stats_name
+from shmpad.top.live import LiveView
 from shmpad.top.sample import Sampler, find_program
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -345,3 +348,133 @@ def test_publish_counter_checks_its_arguments_and_the_launcher_may_publish_too()
         assert lp.counters() == {"": {"frames": 12.5, "é" * 16: -1.0}}
     finally:
         manager.stop_and_wait()
+
+
+# -- the live view under a launched program (launch(..., top=True), bench.impala --top) --
+
+
+def test_output_lines_go_whole_to_the_route_and_back_to_the_descriptors(capfd):
+    taken: list[tuple[int, bytes]] = []
+
+    def sink(fd: int, data: bytes) -> bool:
+        if fd != 1:
+            return False  # not ours: written to the descriptor as usual
+        taken.append((fd, data))
+        return True
+
+    assert output.route(sink) is None
+    try:
+        out, err = output.Lines("talker/0", "out"), output.Lines("talker/0", "err")
+        out.feed(b"par")
+        assert taken == []  # no part of a line
+        out.feed(b"tial\nwhole\nnex")
+        err.feed(b"to stderr\n")
+        out.flush()
+        out.feed(b"t\n")
+    finally:
+        assert output.route(None) is sink
+    assert taken == [(1, b"[talker/0] partial\n[talker/0] whole\n"), (1, b"[talker/0] nex\n"), (1, b"[talker/0] t\n")]
+    output.write_fd(1, b"direct\n")
+    captured = capfd.readouterr()
+    assert (captured.out, captured.err) == ("direct\n", "[talker/0] to stderr\n")
+
+
+def test_the_live_view_prints_the_lines_above_itself_and_lets_go_when_stopped(capfd):
+    program = lp.Program("top-view")
+    program.add_node(lp.PyNode(lp.wait_for_stop, DEADLINE_S), "idle")
+    manager = lp.launch(program, launch_type="test_mp")
+    screen = io.StringIO()
+    try:
+        console = Console(file=screen, force_terminal=True, width=120, color_system=None)
+        view = LiveView(find_program(str(os.getpid())), interval=0.05, console=console, fds=(1,))
+        output.write_fd(1, b"[idle/0] hello\n")
+        output.write_fd(2, b"[idle/0] to a file\n")  # not the view's terminal: written as usual
+        assert wait_until(lambda: "[idle/0] hello" in screen.getvalue(), DEADLINE_S)
+        output.write_fd(1, b"[idle/0] last words\n")  # queued when the stop comes: printed, not lost
+        view.stop()
+        assert output.route(None) is None and not view._thread.is_alive()
+        shown = screen.getvalue()
+        assert "program 'top-view'" in shown and "idle/0" in shown
+        assert shown.index("[idle/0] hello") < shown.rindex("[idle/0] last words") < shown.rindex("shmpad top")
+        assert shown.endswith("\x1b[?25h")  # the cursor is shown again
+        assert capfd.readouterr().err == "[idle/0] to a file\n"
+        view.stop()  # idempotent
+    finally:
+        manager.stop_and_wait()
+
+
+def talker() -> None:
+    i = 0
+    while not lp.wait_for_stop(0.05):
+        print(f"tick {i}", flush=True)
+        i += 1
+
+
+_TALKER = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import shmpad as lp
+from test_top import talker
+program = lp.Program("top-talk")
+program.add_node(lp.PyNode(talker), "talker")
+lp.launch(program, launch_type="local_mp", top=True).wait()
+print("after wait", flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_launch_with_top_draws_the_view_under_the_scrolling_output_until_ctrl_c(tmp_path):
+    script = tmp_path / "talk.py"
+    script.write_text(textwrap.dedent(_TALKER.format(root=ROOT, tests=os.path.dirname(os.path.abspath(__file__)))))
+    socket = f"shmpad-top-live-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+
+    def pane() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "talk"], capture_output=True, text=True).stdout
+
+    try:
+        # the shell stays after the program, so that the terminal's state can be read
+        command = f"{sys.executable} {script}; sleep {DEADLINE_S}"
+        subprocess.run(
+            [*tmux, "new-session", "-d", "-s", "talk", "-x", "150", "-y", "40", "-c", ROOT, command], check=True
+        )
+        wanted = ("[talker/0] tick", "program 'top-talk'", "talker/0", "running")
+        assert wait_until(lambda: all(w in pane() for w in wanted), DEADLINE_S, 0.1), pane()
+
+        def output_above_view() -> bool:
+            lines = pane().splitlines()
+            view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
+            return (
+                view is not None
+                and any(ln.startswith("[talker/0] tick") for ln in lines[:view])
+                and not any("tick" in ln for ln in lines[view:])
+            )
+
+        # (polled: a capture may fall in the middle of a redraw)
+        assert wait_until(output_above_view, DEADLINE_S, 0.1), pane()
+        subprocess.run([*tmux, "send-keys", "-t", "talk", "C-c"], check=True)
+        assert wait_until(lambda: "after wait" in pane(), DEADLINE_S, 0.1), pane()
+        assert "User-requested termination" in pane() and "ended" in pane(), pane()
+        cursor = subprocess.run(
+            [*tmux, "display", "-p", "-t", "talk", "#{cursor_flag}"], capture_output=True, text=True
+        ).stdout
+        assert cursor.strip() == "1"  # the view gave the terminal back
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def test_launch_with_top_and_no_terminal_says_so_and_runs_without_the_view(tmp_path):
+    with pytest.raises(TypeError, match=r"^top must be a bool, got str$"):
+        lp.launch(lp.Program("top-bad"), top="yes")
+    script = tmp_path / "talk.py"
+    code = _TALKER.replace("from test_top import talker", "from test_top import few_lines as talker")
+    script.write_text(textwrap.dedent(code.format(root=ROOT, tests=os.path.dirname(os.path.abspath(__file__)))))
+    code, out, err = run_command([sys.executable, str(script)], DEADLINE_S, "a launch with top=True", split=True)
+    assert code == 0, out + err
+    assert err == "shmpad: top=True draws the live view in a terminal, and stdout is not one: running without it\n"
+    assert out == "[talker/0] line 0\n[talker/0] line 1\nafter wait\n"
+
+
+def few_lines() -> None:
+    for i in range(2):
+        print(f"line {i}", flush=True)
