@@ -364,6 +364,11 @@ def test_output_lines_go_whole_to_the_route_and_back_to_the_descriptors(capfd):
 
     assert output.route(sink) is None
     try:
+        child = os.fork()
+        if child == 0:  # a forked child writes to its own descriptors, never to the parent's route
+            output.write_fd(1, b"from a child\n")
+            os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0
         out, err = output.Lines("talker/0", "out"), output.Lines("talker/0", "err")
         out.feed(b"par")
         assert taken == []  # no part of a line
@@ -376,7 +381,7 @@ def test_output_lines_go_whole_to_the_route_and_back_to_the_descriptors(capfd):
     assert taken == [(1, b"[talker/0] partial\n[talker/0] whole\n"), (1, b"[talker/0] nex\n"), (1, b"[talker/0] t\n")]
     output.write_fd(1, b"direct\n")
     captured = capfd.readouterr()
-    assert (captured.out, captured.err) == ("direct\n", "[talker/0] to stderr\n")
+    assert (captured.out, captured.err) == ("from a child\ndirect\n", "[talker/0] to stderr\n")
 
 
 def test_the_live_view_prints_the_lines_above_itself_and_lets_go_when_stopped(capfd):

@@ -21,6 +21,16 @@ _lock = threading.Lock()
 _route: Callable[[int, bytes], bool] | None = None
 
 
+def _forked() -> None:
+    """A forked child writes to its own descriptors: the view it would route to is the
+    parent's, and the lock may have been held by a thread that did not come along."""
+    global _lock, _route
+    _lock, _route = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class Lines:
     """Whole lines out of the chunks one node's pipe delivers, prefixed with the node's
     name, for stdout (``"out"``) or stderr (``"err"``)."""
