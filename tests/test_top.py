@@ -408,6 +408,18 @@ def test_the_live_view_prints_the_lines_above_itself_and_lets_go_when_stopped(ca
         manager.stop_and_wait()
 
 
+def test_on_end_hooks_run_once_every_node_has_ended_and_before_wait_returns():
+    program = lp.Program("top-hooks")
+    program.add_node(lp.PyNode(lambda: None), "quick")
+    manager = lp.launch(program, launch_type="test_mp")
+    ran = []
+    manager.on_end(lambda: ran.append(manager.exit_codes()["quick/0"]))
+    manager.wait()
+    assert ran == [0]
+    manager.on_end(lambda: ran.append("late"))  # the program has ended: at once
+    assert ran == [0, "late"]
+
+
 def talker() -> None:
     i = 0
     while not lp.wait_for_stop(0.05):

@@ -142,6 +142,9 @@ def _show_top(manager: WorkerManager) -> None:
         view = LiveView(manager.registry.name)
     except SegmentError:
         return  # the program has ended already: nothing to show
+    except Exception as e:  # the program runs already: a view that cannot start must not fail the launch
+        say(f"shmpad: the live view could not start ({type(e).__name__}: {e}): running without it")
+        return
     manager.on_end(view.stop)
 
 

@@ -147,7 +147,8 @@ class WorkerManager:
                     return
                 if self._failure is None or not raise_error:
                     # (after a failure, wait for the stop to finish, then raise it)
-                    if all(w.ended() for w in mine) and (self._hooks_run or not self._end_hooks):
+                    # the whole program: its on_end hooks have run too (the live view has stopped)
+                    if all(w.ended() for w in mine) and (wanted is not None or self._hooks_run or not self._end_hooks):
                         return
                     if return_on_first_completed and any(w.ended() for w in mine):
                         return
