@@ -25,6 +25,7 @@ from shmpad.launch import output, registry
 from shmpad.rpc.stats import stats_name
 from shmpad.top.live import LiveView
 from shmpad.top.sample import Sampler, find_program
+from shmpad.top.view import render
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = {"x": (np.int64, ())}
@@ -217,10 +218,16 @@ def test_a_courier_shows_its_time_per_call_and_keeps_its_counts_when_sigkilled(s
         assert (before["answered"], before["ms_per_call"], before["latency_ms"]) == (1, None, None)  # one sample
         for _ in range(3):
             client.nap(NAP_S)
-        (row,) = sampler.sample()["rpc"]
+        after = sampler.sample()
+        (row,) = after["rpc"]
         assert (row["label"], row["calls"], row["answered"]) == ("sleeper", 4, 4)
         assert row["ms_per_call"] >= NAP_S * 1000  # a lower bound: each of the 3 slept this long
         assert row["latency_ms"] >= row["ms_per_call"]
+        shown = io.StringIO()
+        Console(file=shown, width=150).print(render(after))
+        (line,) = [ln for ln in shown.getvalue().splitlines() if ln.strip().startswith("sleeper ")]
+        shown_ms = [float(x.replace(",", "")) for x in line.split()[2:4]]
+        assert shown_ms == [row["ms_per_call"], row["latency_ms"]], shown.getvalue()
         stats = stats_name(row["segment"])
         os.kill(manager.pids()["sleeper/0"], signal.SIGKILL)
         assert wait_until(lambda: manager.exit_codes()["sleeper/0"] is not None, DEADLINE_S)
