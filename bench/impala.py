@@ -113,6 +113,8 @@ class Args:
     """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
     publish_every: int = 1
     """learner updates between two publishes of the weights to the actors"""
+    top: bool = False
+    """draw the live view of python -m shmpad.top (nodes, rings, weights, counters) at the bottom of this terminal while the progress lines scroll above it (needs a terminal and rich)"""
     tensorboard: bool = False
     """also write the progress rows, every loss and the policy lag as TensorBoard scalars into --out/tensorboard (pip install tensorboard)"""
     seed: int = 0
@@ -462,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resuming {args.out} at {frames:,} frames", flush=True)
     try:
         program, _ = build_program(args)
-        manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources(args))
+        manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources(args), top=args.top)
         manager.wait()
     finally:
         rundir.remove_temp_files(args.out)  # a learner killed mid-save (a second Ctrl+C) leaves one

@@ -1,18 +1,20 @@
 """bench.impala as a new user meets it: a grouped --help, mistakes caught before launch in
 one line (exit status 2), defaults that fit the env, run folders that are never
-overwritten, a resume that checks what it resumes, and Ctrl+C that says where it stopped."""
+overwritten, a resume that checks what it resumes, Ctrl+C that says where it stopped, and
+--top's live view under the progress lines in a terminal (tmux)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 
 import pytest
-from helpers import kill_and_reap, run_command, start_session, track_pid
+from helpers import kill_and_reap, run_command, start_session, track_pid, wait_until
 
 from bench import impala, impala_log
 
@@ -119,8 +121,10 @@ def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():
 
 def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp_path):
     out = str(tmp_path / "run")
-    rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out)
+    rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out, "--top")
     assert rc == 0, err
+    # --top without a terminal: one line, and the run goes on without the view
+    assert err.count("stdout is not one: running without it") == 1, err
     assert text.startswith(f"IMPALA on CartPole-v1: model mlp, 2,000 frames, out {out}")
     assert re.search(
         r"plan for \d+ core\(s\), cpu: 1 actor\(s\) x 1 env workers x 4 envs, learner 1 thread\(s\), eager, fp32", text
@@ -173,3 +177,40 @@ def test_ctrl_c_says_where_it_stopped_and_exits_130(tmp_path, interrupts):
     assert last.startswith("interrupted at ") and last.endswith(f"frames; continue with --resume --out {out}"), rest
     assert "done" not in rest and "short run" not in rest
     assert glob.glob(os.path.join(out, "checkpoint.pt.tmp.*")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_top_draws_the_live_view_under_the_progress_lines(tmp_path):
+    out = str(tmp_path / "run")
+    socket = f"shmpad-impala-top-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+
+    def pane() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "run"], capture_output=True, text=True).stdout
+
+    def view_under_progress() -> bool:
+        lines = pane().splitlines()
+        view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
+        return (
+            view is not None
+            and any(ln.startswith("[learner/0] frames") for ln in lines[:view])
+            and any(ln.strip().startswith("learner/0") for ln in lines[view:])
+            and "trajectories" in "\n".join(lines[view:])
+        )
+
+    command = " ".join(
+        [sys.executable, "-m", "bench.impala", "--env", "CartPole-v1", "--total-frames", "20000", *SMALL]
+        + ["--out", out, "--top", "; echo exited $?; sleep 120"]
+    )
+    try:
+        subprocess.run(
+            [*tmux, "new-session", "-d", "-s", "run", "-x", "200", "-y", "50", "-c", ROOT, command], check=True
+        )
+        assert wait_until(view_under_progress, 240, 0.2), pane()
+        assert wait_until(lambda: "exited 0" in pane(), 240, 0.2), pane()
+        assert "program 'impala'" in pane() and "ended" in pane(), pane()
+        cursor = subprocess.run([*tmux, "display", "-p", "-t", "run", "#{cursor_flag}"], capture_output=True, text=True)
+        assert cursor.stdout.strip() == "1"  # the view gave the terminal back
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)

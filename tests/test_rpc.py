@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import FORK, kill_pid, track_pid, wait_until
+from helpers import FORK, kill_pid, shm_exists, track_pid, wait_until
 
 from shmpad import Closed, Timeout
 from shmpad.errors import RemoteError
@@ -18,6 +18,7 @@ from shmpad.ringbuf import MPMCRing
 from shmpad.rpc.codec import RemoteTraceback
 from shmpad.rpc.shm_client import RpcClient
 from shmpad.rpc.shm_server import RpcServer, create_request_ring
+from shmpad.rpc.stats import CallStats, _read, _record
 
 
 class CustomError(Exception):
@@ -521,3 +522,73 @@ def test_an_address_nobody_creates_does_not_hang_a_call(monkeypatch):
         Timeout, match=r"no courier server at '/shmpad.0.nobody-creates-this' appeared within 0.3 s \(calling 'ping'\)"
     ):
         c.ping()
+
+
+# -- call statistics (what python -m shmpad.top shows as ms/call and latency) -------------
+
+NAP_S = 0.02
+
+
+def test_a_server_counts_each_call_with_its_service_time_and_latency(shm_leak_check):
+    with RpcServer(Service()) as server, RpcClient(server.address) as client:
+        stats = CallStats.attach(server.address)
+        assert stats is not None and stats.read() == (0, 0, 0)
+        client.ping()
+        calls, _, _ = stats.read()
+        assert calls == 1  # counted before its reply was put
+        _, service_before, latency_before = stats.read()
+        for _ in range(3):
+            assert client.sleep(NAP_S) == NAP_S
+        assert client.futures.sleep(NAP_S).result(60) == NAP_S
+        calls, service_ns, latency_ns = stats.read()
+        assert calls == 5
+        assert service_ns - service_before >= 4 * NAP_S * 1e9  # a lower bound: the handler slept this long
+        assert latency_ns - latency_before >= service_ns - service_before  # the queue wait comes on top
+        name = stats.name
+        stats.close()
+    assert not shm_exists(name)  # the server made its ring, and its statistics went with it
+
+
+def test_a_ring_without_statistics_is_served_and_counts_nothing(shm_leak_check):
+    ring = create_request_ring()
+    try:
+        with RpcServer(Service(), ring.name) as server, RpcClient(ring.name) as client:
+            assert client.ping() == "pong" and server._stats is None
+            assert CallStats.attach(ring.name) is None
+    finally:
+        ring.close()
+
+
+def test_a_read_of_call_statistics_waits_out_an_update_in_progress():
+    """An update begun and not finished (a writer between its adds, or killed there) is
+    not read as a whole set: the read gives up after its tries and says so."""
+    words = np.zeros(8, np.int64)
+    out = np.zeros(3, np.int64)
+    words[:5] = [1, 1, 5, 0, 0]  # STARTED, CALLS, SERVICE_NS done; LATENCY_NS, FINISHED not yet
+    assert not _read(words, out, 10)
+    words[3:5] = [7, 1]
+    assert _read(words, out, 10) and list(out) == [1, 5, 7]
+
+
+def _add_calls(ring_name: str, n: int) -> None:
+    stats = CallStats.attach(ring_name)
+    for _ in range(n):
+        _record(stats._words, 5, 7)
+
+
+def test_call_statistics_count_every_add_of_processes_adding_at_once(shm_leak_check):
+    ring = create_request_ring()
+    stats = CallStats.create(ring.name)
+    try:
+        procs = [FORK.Process(target=_add_calls, args=(ring.name, 50_000), daemon=True) for _ in range(3)]
+        for p in procs:
+            p.start()
+            track_pid(p.pid)
+        _add_calls(ring.name, 50_000)
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        assert stats.read() == (200_000, 1_000_000, 1_400_000)
+    finally:
+        stats.close()
+        ring.close()

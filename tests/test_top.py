@@ -4,6 +4,7 @@ in a real terminal (tmux), and the registry gone after a SIGKILL of the launcher
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import select
@@ -12,13 +13,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 from helpers import pid_alive, run_command, shm_exists, spawn_python, wait_until
+from rich.console import Console
 
 import shmpad as lp
-from shmpad.launch import registry
+from shmpad.launch import output, registry
+from shmpad.rpc.stats import stats_name
+from shmpad.top.live import LiveView
+from shmpad.top.sample import Sampler, find_program
+from shmpad.top.view import render
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = {"x": (np.int64, ())}
@@ -126,7 +133,8 @@ def test_a_json_sample_agrees_with_what_the_program_did():
         (w,) = s["weights"]
         assert (w["label"], w["version"], w["pulls"], w["pulls_per_s"]) == ("weights", 3, 2, 0)
         (c,) = s["rpc"]
-        assert (c["label"], c["calls"], c["calls_per_s"], c["queued"]) == ("counter", 5, 0, 0)
+        assert (c["label"], c["calls"], c["calls_per_s"], c["queued"], c["answered"]) == ("counter", 5, 0, 0, 5)
+        assert (c["ms_per_call"], c["latency_ms"]) == (None, None)  # no call answered in the interval
         published = {(c["node"], c["name"]): (c["value"], c["per_s"]) for c in s["counters"]}
         assert published == {
             ("producer/0", "items"): (10, 0),
@@ -185,6 +193,59 @@ def test_a_sigkilled_node_shows_as_dead_with_its_exit_status():
             manager.wait()
         os.close(release_r)
         os.close(release_w)
+
+
+NAP_S = 0.02
+
+
+class Sleeper:
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_a_courier_shows_its_time_per_call_and_keeps_its_counts_when_sigkilled(shm_leak_check):
+    release_r, release_w = os.pipe()
+    program = lp.Program("top-latency")
+    sleeper = program.add_node(lp.CourierNode(Sleeper), "sleeper")
+    program.add_node(lp.PyNode(lingerer, release_r), "lingerer")
+    manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=DEADLINE_S)
+    client = sleeper.dereference()
+    sampler = Sampler(find_program(str(os.getpid())))
+    try:
+        assert client.nap(0) == 0  # the server is up
+        (before,) = sampler.sample()["rpc"]
+        assert (before["answered"], before["ms_per_call"], before["latency_ms"]) == (1, None, None)  # one sample
+        for _ in range(3):
+            client.nap(NAP_S)
+        after = sampler.sample()
+        (row,) = after["rpc"]
+        assert (row["label"], row["calls"], row["answered"]) == ("sleeper", 4, 4)
+        assert row["ms_per_call"] >= NAP_S * 1000  # a lower bound: each of the 3 slept this long
+        assert row["latency_ms"] >= row["ms_per_call"]
+        shown = io.StringIO()
+        Console(file=shown, width=150).print(render(after))
+        (line,) = [ln for ln in shown.getvalue().splitlines() if ln.strip().startswith("sleeper ")]
+        shown_ms = [float(x.replace(",", "")) for x in line.split()[2:4]]
+        assert shown_ms == [row["ms_per_call"], row["latency_ms"]], shown.getvalue()
+        stats = stats_name(row["segment"])
+        os.kill(manager.pids()["sleeper/0"], signal.SIGKILL)
+        assert wait_until(lambda: manager.exit_codes()["sleeper/0"] is not None, DEADLINE_S)
+        s = sample(str(os.getpid()))
+        (node,) = [n for n in s["nodes"] if n["name"] == "sleeper/0"]
+        assert (node["state"], node["exit"]) == ("dead", "was killed by signal 9 (SIGKILL)")
+        (row,) = s["rpc"]  # the counts outlive the server
+        assert (row["calls"], row["answered"], row["ms_per_call"], row["latency_ms"]) == (4, 4, None, None)
+        assert shm_exists(stats)
+    finally:
+        client.close()
+        sampler.close()
+        os.write(release_w, b"x")
+        with pytest.raises(lp.NodeFailed):
+            manager.wait()
+        os.close(release_r)
+        os.close(release_w)
+    assert not shm_exists(stats)
 
 
 def fails_once(marker: str) -> None:
@@ -294,3 +355,150 @@ def test_publish_counter_checks_its_arguments_and_the_launcher_may_publish_too()
         assert lp.counters() == {"": {"frames": 12.5, "é" * 16: -1.0}}
     finally:
         manager.stop_and_wait()
+
+
+# -- the live view under a launched program (launch(..., top=True), bench.impala --top) --
+
+
+def test_output_lines_go_whole_to_the_route_and_back_to_the_descriptors(capfd):
+    taken: list[tuple[int, bytes]] = []
+
+    def sink(fd: int, data: bytes) -> bool:
+        if fd != 1:
+            return False  # not ours: written to the descriptor as usual
+        taken.append((fd, data))
+        return True
+
+    assert output.route(sink) is None
+    try:
+        child = os.fork()
+        if child == 0:  # a forked child writes to its own descriptors, never to the parent's route
+            output.write_fd(1, b"from a child\n")
+            os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0
+        out, err = output.Lines("talker/0", "out"), output.Lines("talker/0", "err")
+        out.feed(b"par")
+        assert taken == []  # no part of a line
+        out.feed(b"tial\nwhole\nnex")
+        err.feed(b"to stderr\n")
+        out.flush()
+        out.feed(b"t\n")
+    finally:
+        assert output.route(None) is sink
+    assert taken == [(1, b"[talker/0] partial\n[talker/0] whole\n"), (1, b"[talker/0] nex\n"), (1, b"[talker/0] t\n")]
+    output.write_fd(1, b"direct\n")
+    captured = capfd.readouterr()
+    assert (captured.out, captured.err) == ("from a child\ndirect\n", "[talker/0] to stderr\n")
+
+
+def test_the_live_view_prints_the_lines_above_itself_and_lets_go_when_stopped(capfd):
+    program = lp.Program("top-view")
+    program.add_node(lp.PyNode(lp.wait_for_stop, DEADLINE_S), "idle")
+    manager = lp.launch(program, launch_type="test_mp")
+    screen = io.StringIO()
+    try:
+        console = Console(file=screen, force_terminal=True, width=120, color_system=None)
+        view = LiveView(find_program(str(os.getpid())), interval=0.05, console=console, fds=(1,))
+        output.write_fd(1, b"[idle/0] hello\n")
+        output.write_fd(2, b"[idle/0] to a file\n")  # not the view's terminal: written as usual
+        assert wait_until(lambda: "[idle/0] hello" in screen.getvalue(), DEADLINE_S)
+        output.write_fd(1, b"[idle/0] last words\n")  # queued when the stop comes: printed, not lost
+        view.stop()
+        assert output.route(None) is None and not view._thread.is_alive()
+        shown = screen.getvalue()
+        assert "program 'top-view'" in shown and "idle/0" in shown
+        assert shown.index("[idle/0] hello") < shown.rindex("[idle/0] last words") < shown.rindex("shmpad top")
+        assert shown.endswith("\x1b[?25h")  # the cursor is shown again
+        assert capfd.readouterr().err == "[idle/0] to a file\n"
+        view.stop()  # idempotent
+    finally:
+        manager.stop_and_wait()
+
+
+def test_on_end_hooks_run_once_every_node_has_ended_and_before_wait_returns():
+    program = lp.Program("top-hooks")
+    program.add_node(lp.PyNode(lambda: None), "quick")
+    manager = lp.launch(program, launch_type="test_mp")
+    ran = []
+    manager.on_end(lambda: ran.append(manager.exit_codes()["quick/0"]))
+    manager.wait()
+    assert ran == [0]
+    manager.on_end(lambda: ran.append("late"))  # the program has ended: at once
+    assert ran == [0, "late"]
+
+
+def talker() -> None:
+    i = 0
+    while not lp.wait_for_stop(0.05):
+        print(f"tick {i}", flush=True)
+        i += 1
+
+
+_TALKER = """
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+import shmpad as lp
+from test_top import talker
+program = lp.Program("top-talk")
+program.add_node(lp.PyNode(talker), "talker")
+lp.launch(program, launch_type="local_mp", top=True).wait()
+print("after wait", flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_launch_with_top_draws_the_view_under_the_scrolling_output_until_ctrl_c(tmp_path):
+    script = tmp_path / "talk.py"
+    script.write_text(textwrap.dedent(_TALKER.format(root=ROOT, tests=os.path.dirname(os.path.abspath(__file__)))))
+    socket = f"shmpad-top-live-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+
+    def pane() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "talk"], capture_output=True, text=True).stdout
+
+    try:
+        # the shell stays after the program, so that the terminal's state can be read
+        command = f"{sys.executable} {script}; sleep {DEADLINE_S}"
+        subprocess.run(
+            [*tmux, "new-session", "-d", "-s", "talk", "-x", "150", "-y", "40", "-c", ROOT, command], check=True
+        )
+        wanted = ("[talker/0] tick", "program 'top-talk'", "talker/0", "running")
+        assert wait_until(lambda: all(w in pane() for w in wanted), DEADLINE_S, 0.1), pane()
+
+        def output_above_view() -> bool:
+            lines = pane().splitlines()
+            view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
+            return (
+                view is not None
+                and any(ln.startswith("[talker/0] tick") for ln in lines[:view])
+                and not any("tick" in ln for ln in lines[view:])
+            )
+
+        # (polled: a capture may fall in the middle of a redraw)
+        assert wait_until(output_above_view, DEADLINE_S, 0.1), pane()
+        subprocess.run([*tmux, "send-keys", "-t", "talk", "C-c"], check=True)
+        assert wait_until(lambda: "after wait" in pane(), DEADLINE_S, 0.1), pane()
+        assert "User-requested termination" in pane() and "ended" in pane(), pane()
+        cursor = subprocess.run(
+            [*tmux, "display", "-p", "-t", "talk", "#{cursor_flag}"], capture_output=True, text=True
+        ).stdout
+        assert cursor.strip() == "1"  # the view gave the terminal back
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+def test_launch_with_top_and_no_terminal_says_so_and_runs_without_the_view(tmp_path):
+    with pytest.raises(TypeError, match=r"^top must be a bool, got str$"):
+        lp.launch(lp.Program("top-bad"), top="yes")
+    script = tmp_path / "talk.py"
+    code = _TALKER.replace("from test_top import talker", "from test_top import few_lines as talker")
+    script.write_text(textwrap.dedent(code.format(root=ROOT, tests=os.path.dirname(os.path.abspath(__file__)))))
+    code, out, err = run_command([sys.executable, str(script)], DEADLINE_S, "a launch with top=True", split=True)
+    assert code == 0, out + err
+    assert err == "shmpad: top=True draws the live view in a terminal, and stdout is not one: running without it\n"
+    assert out == "[talker/0] line 0\n[talker/0] line 1\nafter wait\n"
+
+
+def few_lines() -> None:
+    for i in range(2):
+        print(f"line {i}", flush=True)

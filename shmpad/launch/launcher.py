@@ -18,7 +18,9 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from shmpad._checks import check_timeout
+from shmpad.errors import SegmentError
 from shmpad.launch import flags
+from shmpad.launch.output import say
 from shmpad.launch.registry import Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.launch.supervisor import WorkerManager
@@ -125,6 +127,27 @@ def _registry(program: str, launch_type: str, groups: dict[str, list[Node]]) -> 
     return Registry.create(program, launch_type, rows, **sections)
 
 
+def _show_top(manager: WorkerManager) -> None:
+    """The live view at the bottom of this terminal until the program ends (the manager
+    stops it before ``wait()`` returns)."""
+    if not sys.stdout.isatty():
+        say("shmpad: top=True draws the live view in a terminal, and stdout is not one: running without it")
+        return
+    try:
+        from shmpad.top.live import LiveView
+    except ImportError:
+        say("shmpad: top=True needs rich for the live view (pip install 'shmpad[top]'): running without it")
+        return
+    try:
+        view = LiveView(manager.registry.name)
+    except SegmentError:
+        return  # the program has ended already: nothing to show
+    except Exception as e:  # the program runs already: a view that cannot start must not fail the launch
+        say(f"shmpad: the live view could not start ({type(e).__name__}: {e}): running without it")
+        return
+    manager.on_end(view.stop)
+
+
 def launch(
     programs: Program | Sequence[Program],
     launch_type: LaunchType | str | None = None,
@@ -134,10 +157,15 @@ def launch(
     *,
     termination_notice_secs: float | None = None,
     serialize_py_nodes: bool | None = None,
+    top: bool = False,
 ) -> WorkerManager:
     """Start every node of ``program`` and return its ``WorkerManager`` (``wait()``,
     ``stop_and_wait()``). Under the local launch types the launching interpreter also
     waits for the program when it exits, and exits non-zero if a node failed.
+    With ``top``, the live view of ``python -m shmpad.top`` is drawn at the bottom of
+    this terminal until the program ends, the nodes' output scrolling above it (see
+    ``shmpad.top.live``); without a terminal on stdout that is said in one line, and
+    the program runs without it.
     ``terminal`` and ``serialize_py_nodes`` are accepted for Launchpad compatibility
     and ignored: output always goes to this terminal with a ``[label/i]`` prefix, and
     nodes are forked, not serialized."""
@@ -149,6 +177,8 @@ def launch(
         program = programs[0]
     else:
         raise TypeError(f"launch() takes a Program, got {type(programs).__name__}")
+    if not isinstance(top, bool):
+        raise TypeError(f"top must be a bool, got {type(top).__name__}")
     kind = _launch_type(launch_type)
     notice = _notice(termination_notice_secs)
     resources = dict(local_resources or {})
@@ -187,6 +217,8 @@ def launch(
             if node.RUNS:
                 manager.add(label, index, node, resources.get(label))
     manager.start()
+    if top:
+        _show_top(manager)
     if kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.LOCAL_MULTI_THREADING):
         atexit.register(manager._wait_at_exit)
     if test_case is not None:

@@ -11,7 +11,8 @@ Metadata (segment JSON, written once at launch)::
      "nodes": [{"label", "index"}, ...],             # one row each, in this order
      "rings": [{"label", "segment", "kind"}, ...],   # kind: "typed", "mpmc" or "spsc"
      "weights": [{"label", "segment"}, ...],
-     "rpc": [{"label", "segment"}, ...],             # the courier's request ring (an MPMC ring)
+     "rpc": [{"label", "segment", "stats"}, ...],    # the courier's request ring (an MPMC ring)
+                                                     # and its call statistics (shmpad.rpc.stats)
      "counters": capacity}
 
 Data area (8-byte words; every row and entry a 64-byte line)::

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from shmpad.errors import NodeFailed
 from shmpad.launch import context
@@ -74,6 +74,8 @@ class WorkerManager:
         self._kill_at: float | None = None
         self._close_at: float | None = None
         self._finished = False
+        self._ending = False  # every node has ended: on_end hooks run now
+        self._hooks_run = False
         self._stop_r, self._stop_w = os.pipe()
         self._req_r, self._req_w = os.pipe()
         launcher_fds.update((self._stop_w, self._req_r))
@@ -88,11 +90,21 @@ class WorkerManager:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._end_hooks: list[Callable[[], None]] = []
 
     # -- setting up --------------------------------------------------------------------
 
     def add(self, label: str, index: int, node: Node, resources: PythonProcess | None) -> None:
         self._workers.append(NodeRun(label, index, node, resources, row=len(self._workers)))
+
+    def on_end(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` once every node has ended, before ``wait()`` returns (at once
+        if that has happened already). The live view stops itself so."""
+        with self._cond:
+            if not self._ending:
+                self._end_hooks.append(hook)
+                return
+        hook()
 
     def track(self, nodes: Iterable[Node]) -> None:
         """Nodes whose ``on_stop``/``release`` the manager calls (all of the program's),
@@ -135,7 +147,8 @@ class WorkerManager:
                     return
                 if self._failure is None or not raise_error:
                     # (after a failure, wait for the stop to finish, then raise it)
-                    if all(w.ended() for w in mine):
+                    # the whole program: its on_end hooks have run too (the live view has stopped)
+                    if all(w.ended() for w in mine) and (wanted is not None or self._hooks_run or not self._end_hooks):
                         return
                     if return_on_first_completed and any(w.ended() for w in mine):
                         return
@@ -466,6 +479,17 @@ class WorkerManager:
     def _finish(self) -> None:
         if self.registry is not None:
             self.registry.set_phase(PHASE_ENDED)
+        with self._cond:
+            self._ending = True
+            hooks = list(self._end_hooks)
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                traceback.print_exc()
+        with self._cond:
+            self._hooks_run = True
+            self._cond.notify_all()
         for node in self._nodes:
             try:
                 node.free()

@@ -37,6 +37,7 @@ from shmpad.ringbuf import MPMCRing
 from shmpad.rpc.calls import check_call_timeout
 from shmpad.rpc.shm_client import RpcClient
 from shmpad.rpc.shm_server import RpcServer, create_request_ring
+from shmpad.rpc.stats import CallStats
 from shmpad.rpc.tcp_client import TcpRpcClient
 from shmpad.rpc.tcp_server import TcpRpcServer, reserve
 
@@ -234,6 +235,7 @@ class CourierNode(PyClassNode):
         self._listen = listen
         self._token_file = token_file
         self._ring = None
+        self._stats: CallStats | None = None  # the server's call statistics, made with its ring
         self._endpoint: Endpoint | None = None
         self._reservation: socket.socket | None = None  # holds the port until the program ends
         self._bind_address: str | None = None
@@ -275,6 +277,7 @@ class CourierNode(PyClassNode):
             self._reservation, self._bind_address, tcp = reserve(self._listen)
         try:
             self._ring = create_request_ring()
+            self._stats = CallStats.create(self._ring.name)
         except BaseException:
             self.free()
             raise
@@ -287,12 +290,17 @@ class CourierNode(PyClassNode):
             MPMCRing.attach(self._ring.name).close()
 
     def _registry_entry(self) -> tuple[str, dict[str, str]] | None:
-        return None if self._ring is None else ("rpc", {"segment": self._ring.name})
+        if self._ring is None:
+            return None
+        return ("rpc", {"segment": self._ring.name, "stats": None if self._stats is None else self._stats.name})
 
     def free(self) -> None:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._stats is not None:
+            self._stats.close()
+            self._stats = None
         if self._reservation is not None:
             self._reservation.close()
             self._reservation = None

@@ -3,7 +3,10 @@ for both transports.
 
 Shared memory (``shm_server``, ``shm_client``). A request is one ring message::
 
-    pickle((call_id, reply_ring_name, method, args, kwargs))
+    pickle((call_id, reply_ring_name, method, args, kwargs, sent_ns))
+
+where ``sent_ns`` is the caller's ``time.monotonic_ns()`` when it sent the call
+(CLOCK_MONOTONIC, one clock for the host: the server's latency statistics start there).
 
 A reply is the header ``REPLY`` ``(call_id, ok)`` then ``pickle(value)``, where
 ``value`` is the result, or ``(exception, remote traceback)``: the call a reply answers

@@ -98,7 +98,7 @@ class RpcClient(MethodCalls):
             ring = self._new_ring(SPSCRing, REPLY_CAPACITY, SYNC_TAG)
         call_id = next(self._ids)
         try:
-            self._send(request, (call_id, ring.name, method, args, kwargs or {}), deadline, method)
+            self._send(request, (call_id, ring.name, method, args, kwargs or {}, time.monotonic_ns()), deadline, method)
         except BaseException:
             self._pool.append(ring)  # nothing was queued: the ring is clean
             raise
@@ -145,7 +145,7 @@ class RpcClient(MethodCalls):
             with self._pump_cond:
                 self._pump_cond.notify()
         try:
-            self._send(request, (call_id, ring.name, method, args, kwargs or {}), deadline, method)
+            self._send(request, (call_id, ring.name, method, args, kwargs or {}, time.monotonic_ns()), deadline, method)
         except BaseException as e:
             self._pending.pop(call_id, None)
             fut.set_exception(e)

@@ -16,6 +16,9 @@ another thread the leader; it starts with the rest of the backlog, so a handler
 that blocks (say, until a later call of the same run opens a gate) holds up no
 other call. A call of a batched method (``batching``) is handed to its batcher and
 answered when its batch has run, so the calls waiting for a batch hold no thread.
+
+Every answered call is counted, with its service time and its latency from the
+caller's send, in the ring's call statistics (``stats``) when it has them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.rpc.batching import BatchedHandler
 from shmpad.rpc.calls import POLL_S, public_methods
 from shmpad.rpc.codec import decode, encode_reply, failure, unpicklable_result
+from shmpad.rpc.stats import CallStats
 
 __all__ = ["RpcServer", "create_request_ring", "REQUEST_CAPACITY", "SLOT_SIZE", "SYNC_TAG"]
 
@@ -57,8 +61,8 @@ class RpcServer:
     """Serves ``obj``'s public methods (and ``__call__``) on a request ring.
 
     ``address`` names an existing request ring (see ``create_request_ring``); without
-    it the server creates one, owned by this process. ``threads`` bounds how many
-    handlers run at once.
+    it the server creates one, owned by this process, with its call statistics.
+    ``threads`` bounds how many handlers run at once.
 
     Like ``TcpRpcServer``, it serves from construction (on threads of its own) until
     ``stop()`` or ``close()``; ``wait()`` blocks until it has stopped.
@@ -69,7 +73,12 @@ class RpcServer:
             raise TypeError(f"threads must be an int, got {type(threads).__name__}")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        self._ring = create_request_ring() if address is None else MPMCRing.attach(address)
+        if address is None:
+            self._ring = create_request_ring()
+            self._stats: CallStats | None = CallStats.create(self._ring.name)
+        else:
+            self._ring = MPMCRing.attach(address)
+            self._stats = CallStats.attach(address)
         self.address = self._ring.name
         self._lookup = public_methods(obj)
         self._max_threads = threads
@@ -128,6 +137,8 @@ class RpcServer:
         clients' calls raise ``Closed``."""
         self.stop()
         self._ring.close()
+        if self._stats is not None:
+            self._stats.close()
         with self._replies_lock:
             self._replies.clear()
 
@@ -218,8 +229,9 @@ class RpcServer:
                 t.start()
 
     def _handle(self, data: bytes) -> None:
+        taken_ns = time.monotonic_ns()
         try:
-            call_id, reply_to, method, args, kwargs = decode(data)
+            call_id, reply_to, method, args, kwargs, sent_ns = decode(data)
         except BaseException:
             traceback.print_exc()  # undecodable request: nobody to tell
             return
@@ -227,22 +239,29 @@ class RpcServer:
             fn = self._lookup(method)
             if isinstance(fn, BatchedHandler):
                 # answered when its batch has run; this thread goes back to the ring
-                fn.submit(args, kwargs).add_done_callback(lambda f: self._reply(reply_to, _outcome(call_id, f)))
+                fn.submit(args, kwargs).add_done_callback(
+                    lambda f: self._reply(reply_to, _outcome(call_id, f), taken_ns, sent_ns)
+                )
                 return
             reply = (call_id, True, fn(*args, **kwargs))
         except BaseException as e:
             reply = (call_id, False, failure(e))
-        self._reply(reply_to, reply)
+        self._reply(reply_to, reply, taken_ns, sent_ns)
 
-    def _reply(self, reply_to: str, reply: tuple) -> None:
+    def _reply(self, reply_to: str, reply: tuple, taken_ns: int, sent_ns: int) -> None:
         ring = self._reply_ring(reply_to)
+        payload = None
+        if ring is not None:
+            call_id, ok, value = reply
+            try:
+                payload = encode_reply(call_id, ok, value, ring.slot_size)
+            except Exception as e:
+                payload = encode_reply(call_id, False, unpicklable_result(e), ring.slot_size)
+        stats = self._stats
+        if stats is not None:
+            stats.record(taken_ns, sent_ns)  # before the put: a caller that has its reply finds its call counted
         if ring is None:
             return  # the caller is gone
-        call_id, ok, value = reply
-        try:
-            payload = encode_reply(call_id, ok, value, ring.slot_size)
-        except Exception as e:
-            payload = encode_reply(call_id, False, unpicklable_result(e), ring.slot_size)
         try:
             ring.put(payload, timeout=REPLY_PUT_TIMEOUT_S)
         except Closed:

@@ -2,8 +2,10 @@
 
 It reads the program's registry (``shmpad.launch.registry``) and, through it, the
 counters the program keeps in shared memory anyway: its rings' ``statistics()``, its
-weight stores' version and pull count, the request rings of its courier nodes, the
-counters its nodes publish (``shmpad.publish_counter``), and each node process's CPU
-time and resident memory from ``/proc``. It only loads words: the program does not
-notice it.
+weight stores' version and pull count, the request rings of its courier nodes and
+their servers' call counters (``shmpad.rpc.stats``), the counters its nodes publish
+(``shmpad.publish_counter``), and each node process's CPU time and resident memory
+from ``/proc``. It only loads words: the program does not
+notice it. ``live`` draws the same view under the program's output in the launching
+terminal (``launch(..., top=True)``).
 """

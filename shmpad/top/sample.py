@@ -10,11 +10,18 @@
                 "puts_per_s", "gets_per_s", "waits_full", "waits_empty", "dead_claims",
                 "closed"}, ...],
      "weights": [{"label", "segment", "version", "pulls", "versions_per_s", "pulls_per_s"}, ...],
-     "rpc": [{"label", "segment", "calls", "calls_per_s", "queued"}, ...],
+     "rpc": [{"label", "segment", "calls", "calls_per_s", "queued", "answered",
+              "ms_per_call", "latency_ms"}, ...],
      "counters": [{"node", "pid", "name", "value", "per_s"}, ...]}
 
 A rate is None in the first sample (there is nothing to compare with yet); CPU % is
-the node process's own user+system time over the interval (not its children's).
+the node process's own user+system time over the interval (not its children's). A
+courier's ``ms_per_call`` is the mean time its server spent on each call answered in
+the interval (from taking it up to putting its reply), ``latency_ms`` the mean time
+from the caller's send to that reply (queue wait included); both None in the first
+sample, when no call was answered in the interval, or when the server keeps no call
+statistics (``shmpad.rpc.stats``, which also give ``answered``, the calls answered
+since the start: None without them); ``calls`` counts what was taken from the ring.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 from shmpad.errors import SegmentError, describe_exit
 from shmpad.launch.registry import ENDED, STATES, Registry, running_programs
 from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing, WeightStore
+from shmpad.rpc.stats import CallStats
 
 __all__ = ["Sampler", "programs", "find_program", "proc_usage"]
 
@@ -95,6 +103,10 @@ def _rate(now: int, before: int | None, dt: float | None) -> float | None:
     return round((now - before) / dt, 2)
 
 
+def _delta(now: int, before: float | None, dt: float | None) -> int | None:
+    return None if before is None or not dt else int(now - before)
+
+
 class Sampler:
     """Reads one program; each ``sample()`` returns its state and the rates since the last."""
 
@@ -103,7 +115,7 @@ class Sampler:
         meta = self.registry.meta
         self._rings = [(r, self._attach(_RING_KINDS.get(r.get("kind")), r)) for r in meta.get("rings", [])]
         self._weights = [(w, self._attach(WeightStore, w)) for w in meta.get("weights", [])]
-        self._rpc = [(r, self._attach(MPMCRing, r)) for r in meta.get("rpc", [])]
+        self._rpc = [(r, self._attach(MPMCRing, r), CallStats.attach(r["segment"])) for r in meta.get("rpc", [])]
         self._last_t: float | None = None
         self._last: dict[str, float] = {}
 
@@ -196,17 +208,29 @@ class Sampler:
                 }
             )
         rpc = []
-        for entry, ring in self._rpc:
+        for entry, ring, stats in self._rpc:
             if ring is None:
                 continue
             s = ring.statistics()
+            key = f"rpc:{entry['segment']}"
+            answered = ms_per_call = latency_ms = None
+            if stats is not None:
+                answered, service_ns, latency_ns = stats.read()
+                calls = _delta(answered, self._last.get(key + ":answered"), dt)
+                now[key + ":answered"], now[key + ":service"], now[key + ":latency"] = answered, service_ns, latency_ns
+                if calls:
+                    ms_per_call = round((service_ns - self._last[key + ":service"]) / calls / 1e6, 3)
+                    latency_ms = round((latency_ns - self._last[key + ":latency"]) / calls / 1e6, 3)
             rpc.append(
                 {
                     "label": entry["label"],
                     "segment": entry["segment"],
                     "calls": s.gets,
-                    "calls_per_s": rate(f"rpc:{entry['segment']}", s.gets),
+                    "calls_per_s": rate(key, s.gets),
                     "queued": s.size,
+                    "answered": answered,
+                    "ms_per_call": ms_per_call,
+                    "latency_ms": latency_ms,
                 }
             )
         counters = []
@@ -231,5 +255,8 @@ class Sampler:
 
     def close(self) -> None:
         """Let go of the program's segments (unmapped when the handles are garbage)."""
+        for _, _, stats in self._rpc:
+            if stats is not None:
+                stats.close()
         self._rings = self._weights = self._rpc = []
         self.registry.close()

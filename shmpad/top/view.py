@@ -95,9 +95,24 @@ def render(s: dict[str, Any]) -> Group:
             )
         parts.append(weights)
     if s["rpc"]:
-        rpc = _table("courier (RPC) servers", "server", "calls/s", "calls", "queued")
+        rpc = _table(
+            "courier (RPC) servers  (ms/call: serving a call; latency: from its send to its reply)",
+            "server",
+            "calls/s",
+            "ms/call",
+            "latency ms",
+            "calls",
+            "queued",
+        )
         for r in s["rpc"]:
-            rpc.add_row(r["label"], _num(r["calls_per_s"]), _num(r["calls"]), str(r["queued"]))
+            rpc.add_row(
+                r["label"],
+                _num(r["calls_per_s"]),
+                _num(r["ms_per_call"], 3),
+                _num(r["latency_ms"], 3),
+                _num(r["calls"]),
+                str(r["queued"]),
+            )
         parts.append(rpc)
     if s["counters"]:
         counters = _table("counters", "node", "name", "value", "per s")
