@@ -108,7 +108,7 @@ class Args:
     compile: str = "auto"
     """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
     bf16: str = "auto"
-    """bf16 autocast in the learner: auto (on a GPU), on, off"""
+    """bf16 autocast in the learner: auto (on a GPU, and on a CPU with AVX512-BF16 or AMX), on, off"""
     pin: str = "auto"
     """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
     publish_every: int = 1

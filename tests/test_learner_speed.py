@@ -175,8 +175,21 @@ def _args(**kw):
     ],
 )
 def test_the_plan_fills_the_cores_and_keeps_what_was_given(kw, cores, expected):
-    p = make_plan(_args(**kw), cores=cores)
+    p = make_plan(_args(**kw), cores=cores, cpu_bf16=False)
     assert (p.num_actors, p.num_workers, p.envs_per_worker, p.learner_threads, p.compile, p.bf16) == expected
+
+
+def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
+    from bench.impala_plan import cpu_has_bf16
+
+    assert make_plan(_args(), cores=2, cpu_bf16=True).bf16
+    assert not make_plan(_args(), cores=2, cpu_bf16=False).bf16  # emulated bf16 is slower than fp32
+    assert not make_plan(_args(model="mlp"), cores=2, cpu_bf16=True).bf16
+    assert not make_plan(_args(bf16="off"), cores=2, cpu_bf16=True).bf16
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    sapphire = "flags\t: fpu avx512f amx_bf16 amx_tile\n"
+    old = "flags\t: fpu sse2 avx2 fma\nbugs\t: avx512_bf16_is_not_a_flag_here\n"
+    assert cpu_has_bf16(zen4) and cpu_has_bf16(sapphire) and not cpu_has_bf16(old) and not cpu_has_bf16("")
 
 
 def test_the_plan_refuses_a_bad_switch():
