@@ -192,6 +192,22 @@ def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
     assert cpu_has_bf16(zen4) and cpu_has_bf16(sapphire) and not cpu_has_bf16(old) and not cpu_has_bf16("")
 
 
+def test_actors_infer_in_bf16_where_the_plan_runs_the_learner_in_bf16_on_a_cpu():
+    from bench import impala
+
+    assert impala.actor_policy(_args(bf16="on", use_lstm=False)) is impala.act_bf16
+    assert impala.actor_policy(_args(bf16="off", use_lstm=False)) is impala.act
+    assert impala.actor_policy(_args(bf16="on", device="cuda", use_lstm=False)) is impala.act  # not measured there
+    assert impala.actor_policy(_args(bf16="on", use_lstm=True)) is None  # stepped with its core state
+    model = make_model("shallow", (4, 84, 84), A).eval()
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    with torch.inference_mode():
+        fp32, bf16 = impala.act(model, obs), impala.act_bf16(model, obs)
+    assert bf16.dtype == torch.float32 and bf16.shape == (5, A)
+    torch.testing.assert_close(bf16, fp32, rtol=0, atol=0.05)  # bf16 features, fp32 heads
+    assert not torch.equal(bf16, fp32)
+
+
 def test_the_plan_refuses_a_bad_switch():
     with pytest.raises(ValueError, match="--compile must be auto, on or off, got 'yes'"):
         make_plan(_args(compile="yes"), cores=2)
