@@ -356,3 +356,43 @@ def parse_message(m) -> tuple[int, int]:
             f"torn message: header says producer {producer} seq {seq} length {n}, got {len(m)} bytes: {m[:40]!r}..."
         )
     return producer, seq
+
+
+class Tmux:
+    """A tmux server of its own (a private socket) with one session running ``command``
+    in a ``width`` x ``height`` terminal, for tests of what a real terminal shows.
+    ``close()`` (or leaving the ``with`` block) kills the server and all it runs."""
+
+    def __init__(self, name: str, command: str, cwd: str, width: int = 150, height: int = 40):
+        self.session = name
+        self._tmux = ["tmux", "-L", f"shmpad-{name}-{os.getpid()}", "-f", "/dev/null"]
+        try:
+            self.run("new-session", "-d", "-s", name, "-x", str(width), "-y", str(height), "-c", cwd, command)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, *args: str) -> str:
+        """A tmux command (its ``-t`` is the caller's); its output. Raises if it fails."""
+        return subprocess.run([*self._tmux, *args], check=True, capture_output=True, text=True).stdout
+
+    def pane(self) -> str:
+        """What the terminal shows now."""
+        return subprocess.run(
+            [*self._tmux, "capture-pane", "-p", "-t", self.session], capture_output=True, text=True
+        ).stdout
+
+    def send_keys(self, *keys: str) -> None:
+        self.run("send-keys", "-t", self.session, *keys)
+
+    def cursor_shown(self) -> bool:
+        return self.run("display", "-p", "-t", self.session, "#{cursor_flag}").strip() == "1"
+
+    def close(self) -> None:
+        subprocess.run([*self._tmux, "kill-server"], capture_output=True)
+
+    def __enter__(self) -> "Tmux":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import kill_and_reap, run_command, start_session, track_pid, wait_until
+from helpers import Tmux, kill_and_reap, run_command, start_session, track_pid, wait_until
 
 from bench import impala, impala_log
 
@@ -183,34 +183,23 @@ def test_ctrl_c_says_where_it_stopped_and_exits_130(tmp_path, interrupts):
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 def test_top_draws_the_live_view_under_the_progress_lines(tmp_path):
     out = str(tmp_path / "run")
-    socket = f"shmpad-impala-top-{os.getpid()}"
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-
-    def pane() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "run"], capture_output=True, text=True).stdout
-
-    def view_under_progress() -> bool:
-        lines = pane().splitlines()
-        view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
-        return (
-            view is not None
-            and any(ln.startswith("[learner/0] frames") for ln in lines[:view])
-            and any(ln.strip().startswith("learner/0") for ln in lines[view:])
-            and "trajectories" in "\n".join(lines[view:])
-        )
-
     command = " ".join(
         [sys.executable, "-m", "bench.impala", "--env", "CartPole-v1", "--total-frames", "20000", *SMALL]
         + ["--out", out, "--top", "; echo exited $?; sleep 120"]
     )
-    try:
-        subprocess.run(
-            [*tmux, "new-session", "-d", "-s", "run", "-x", "200", "-y", "50", "-c", ROOT, command], check=True
-        )
-        assert wait_until(view_under_progress, 240, 0.2), pane()
-        assert wait_until(lambda: "exited 0" in pane(), 240, 0.2), pane()
-        assert "program 'impala'" in pane() and "ended" in pane(), pane()
-        cursor = subprocess.run([*tmux, "display", "-p", "-t", "run", "#{cursor_flag}"], capture_output=True, text=True)
-        assert cursor.stdout.strip() == "1"  # the view gave the terminal back
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    with Tmux("run", command, ROOT, width=200, height=50) as tmux:
+
+        def view_under_progress() -> bool:
+            lines = tmux.pane().splitlines()
+            view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
+            return (
+                view is not None
+                and any(ln.startswith("[learner/0] frames") for ln in lines[:view])
+                and any(ln.strip().startswith("learner/0") for ln in lines[view:])
+                and "trajectories" in "\n".join(lines[view:])
+            )
+
+        assert wait_until(view_under_progress, 240, 0.2), tmux.pane()
+        assert wait_until(lambda: "exited 0" in tmux.pane(), 240, 0.2), tmux.pane()
+        assert "program 'impala'" in tmux.pane() and "ended" in tmux.pane(), tmux.pane()
+        assert tmux.cursor_shown()  # the view gave the terminal back

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import pid_alive, run_command, shm_exists, spawn_python, wait_until
+from helpers import Tmux, pid_alive, run_command, shm_exists, spawn_python, wait_until
 from rich.console import Console
 
 import shmpad as lp
@@ -299,28 +299,19 @@ def _end(proc: subprocess.Popen) -> None:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 def test_the_live_view_in_a_terminal(tmp_path):
     launcher = _launcher()
-    socket = f"shmpad-top-{os.getpid()}"
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-
-    def pane() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "top"], capture_output=True, text=True).stdout
-
     try:
         command = f"{sys.executable} -m shmpad.top {launcher.pid} --interval 0.2"
-        subprocess.run(
-            [*tmux, "new-session", "-d", "-s", "top", "-x", "150", "-y", "40", "-c", ROOT, command], check=True
-        )
-        subprocess.run([*tmux, "set-option", "-t", "top", "remain-on-exit", "on"], check=True)
-        wanted = ("program 'top-tmux'", "actor/0", "running", "trajectories", "puts/s")
-        assert wait_until(lambda: all(w in pane() for w in wanted), DEADLINE_S, 0.1), pane()
-        # the rates show once there are two samples: a number, not '-', under puts/s
-        line = lambda: next((ln for ln in pane().splitlines() if ln.strip().startswith("trajectories")), "")
-        assert wait_until(lambda: line().split()[2].replace(",", "").isdigit(), DEADLINE_S, 0.1), pane()
-        assert int(line().split()[2].replace(",", "")) > 0, pane()
-        os.killpg(launcher.pid, signal.SIGTERM)  # the launcher stops the program in order
-        assert wait_until(lambda: "program 'top-tmux' has ended" in pane(), DEADLINE_S, 0.1), pane()
+        with Tmux("top", command, ROOT) as tmux:
+            tmux.run("set-option", "-t", "top", "remain-on-exit", "on")
+            wanted = ("program 'top-tmux'", "actor/0", "running", "trajectories", "puts/s")
+            assert wait_until(lambda: all(w in tmux.pane() for w in wanted), DEADLINE_S, 0.1), tmux.pane()
+            # the rates show once there are two samples: a number, not '-', under puts/s
+            line = lambda: next((ln for ln in tmux.pane().splitlines() if ln.strip().startswith("trajectories")), "")
+            assert wait_until(lambda: line().split()[2].replace(",", "").isdigit(), DEADLINE_S, 0.1), tmux.pane()
+            assert int(line().split()[2].replace(",", "")) > 0, tmux.pane()
+            os.killpg(launcher.pid, signal.SIGTERM)  # the launcher stops the program in order
+            assert wait_until(lambda: "program 'top-tmux' has ended" in tmux.pane(), DEADLINE_S, 0.1), tmux.pane()
     finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
         _end(launcher)
 
 
@@ -450,23 +441,13 @@ print("after wait", flush=True)
 def test_launch_with_top_draws_the_view_under_the_scrolling_output_until_ctrl_c(tmp_path):
     script = tmp_path / "talk.py"
     script.write_text(textwrap.dedent(_TALKER.format(root=ROOT, tests=os.path.dirname(os.path.abspath(__file__)))))
-    socket = f"shmpad-top-live-{os.getpid()}"
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-
-    def pane() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "talk"], capture_output=True, text=True).stdout
-
-    try:
-        # the shell stays after the program, so that the terminal's state can be read
-        command = f"{sys.executable} {script}; sleep {DEADLINE_S}"
-        subprocess.run(
-            [*tmux, "new-session", "-d", "-s", "talk", "-x", "150", "-y", "40", "-c", ROOT, command], check=True
-        )
+    # the shell stays after the program, so that the terminal's state can be read
+    with Tmux("talk", f"{sys.executable} {script}; sleep {DEADLINE_S}", ROOT) as tmux:
         wanted = ("[talker/0] tick", "program 'top-talk'", "talker/0", "running")
-        assert wait_until(lambda: all(w in pane() for w in wanted), DEADLINE_S, 0.1), pane()
+        assert wait_until(lambda: all(w in tmux.pane() for w in wanted), DEADLINE_S, 0.1), tmux.pane()
 
         def output_above_view() -> bool:
-            lines = pane().splitlines()
+            lines = tmux.pane().splitlines()
             view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
             return (
                 view is not None
@@ -475,16 +456,11 @@ def test_launch_with_top_draws_the_view_under_the_scrolling_output_until_ctrl_c(
             )
 
         # (polled: a capture may fall in the middle of a redraw)
-        assert wait_until(output_above_view, DEADLINE_S, 0.1), pane()
-        subprocess.run([*tmux, "send-keys", "-t", "talk", "C-c"], check=True)
-        assert wait_until(lambda: "after wait" in pane(), DEADLINE_S, 0.1), pane()
-        assert "User-requested termination" in pane() and "ended" in pane(), pane()
-        cursor = subprocess.run(
-            [*tmux, "display", "-p", "-t", "talk", "#{cursor_flag}"], capture_output=True, text=True
-        ).stdout
-        assert cursor.strip() == "1"  # the view gave the terminal back
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        assert wait_until(output_above_view, DEADLINE_S, 0.1), tmux.pane()
+        tmux.send_keys("C-c")
+        assert wait_until(lambda: "after wait" in tmux.pane(), DEADLINE_S, 0.1), tmux.pane()
+        assert "User-requested termination" in tmux.pane() and "ended" in tmux.pane(), tmux.pane()
+        assert tmux.cursor_shown()  # the view gave the terminal back
 
 
 def test_launch_with_top_and_no_terminal_says_so_and_runs_without_the_view(tmp_path):
