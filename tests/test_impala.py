@@ -5,6 +5,7 @@ progress lines, CSV, picture and a checkpoint it can resume from."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -195,21 +196,26 @@ def test_pixels_learn_through_the_full_stack(tmp_path):
     20; the Nature CNN through forked workers, the ring, V-trace and the weight store must
     reach 18 in 40K frames (about 25 s on 2 cores; in trials it reached 20 by 26K frames)."""
     out = tmp_path / "spot"
+    # the TensorBoard scalars too where the tensorboard extra is installed (CI installs it; the
+    # README's test command does not, and the learning must be checked there as well)
+    board = importlib.util.find_spec("tensorboard") is not None
     run_bench(
         *"--env shmpad/Spot-v0 --model shallow --compile off --total-frames 40000 --batch-size 8".split(),
         *"--num-workers 1 --envs-per-worker 8 --learner-threads 1 --learning-rate 0.002 --discount 0.5".split(),
-        *f"--log-interval 5 --out {out} --launch-type test_mp --tensorboard".split(),
+        *f"--log-interval 5 --out {out} --launch-type test_mp".split(),
+        *(["--tensorboard"] if board else []),
         timeout=300,
     )
     rows = read_log(out)
     assert float(rows[-1]["mean_return"]) >= 18, [r["mean_return"] for r in rows]
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    if board:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(out / "tensorboard"))
-    events.Reload()
-    tags = set(events.Tags()["scalars"])
-    assert {"returns/mean_return", "losses/policy_gradient", "learning/policy_lag_updates"} <= tags, tags
-    assert [e.step for e in events.Scalars("returns/mean_return")][-1] == int(rows[-1]["frames"])
+        events = EventAccumulator(str(out / "tensorboard"))
+        events.Reload()
+        tags = set(events.Tags()["scalars"])
+        assert {"returns/mean_return", "losses/policy_gradient", "learning/policy_lag_updates"} <= tags, tags
+        assert [e.step for e in events.Scalars("returns/mean_return")][-1] == int(rows[-1]["frames"])
     from bench import evaluate
 
     _, env, model, _ = evaluate.load_run(str(out))
