@@ -20,6 +20,7 @@ from typing import Callable
 
 from shmpad.errors import Closed
 from shmpad.launch import context
+from shmpad.launch.output import Lines
 from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
 from shmpad.launch.title import set_node_title
@@ -32,6 +33,7 @@ __all__ = ["NodeRun", "launcher_fds", "start_process", "start_thread"]
 # ends, node pipes and pidfds of every program this process launched): a forked
 # node closes them all, or a program's nodes would keep another's stop pipe open.
 launcher_fds: set[int] = set()
+READ_BYTES = 1 << 16  # what one read of a node's pipe takes at most
 
 
 @dataclass
@@ -58,6 +60,42 @@ class NodeRun:
     @property
     def name(self) -> str:
         return f"{self.label}/{self.index}"
+
+    def forward(self, fd: int) -> bool | None:
+        """Forward what the pipe ``fd`` has: stdout/stderr line by line with this node's
+        prefix, the error pipe into ``error_text``. True if it had data, False if none
+        yet, None at its end (``close_fd`` it then)."""
+        try:
+            data = os.read(fd, READ_BYTES)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            return None
+        kind = self.fds[fd]
+        if kind == "error":
+            self.error_text += data
+        else:
+            lines = self.lines.get(fd)
+            if lines is None:
+                lines = self.lines[fd] = Lines(self.name, kind)
+            lines.feed(data)
+        return True
+
+    def close_fd(self, fd: int) -> None:
+        """Flush the unfinished line of ``fd``, and close it."""
+        lines = self.lines.pop(fd, None)
+        if lines is not None:
+            lines.flush()
+        self.fds.pop(fd, None)
+        launcher_fds.discard(fd)
+        os.close(fd)
+
+    def close_pidfd(self) -> None:
+        launcher_fds.discard(self.pidfd)
+        os.close(self.pidfd)
+        self.pidfd = None
 
     def ended(self) -> bool:
         """A node has ended once the supervisor has looked at how (a thread sets ``done``

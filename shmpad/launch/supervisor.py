@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 from shmpad.errors import NodeFailed
 from shmpad.launch import context
 from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_thread
-from shmpad.launch.output import Lines, say
+from shmpad.launch.output import say
 from shmpad.launch.registry import PHASE_ENDED, PHASE_STOPPING, Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
@@ -41,7 +41,6 @@ from shmpad.ringbuf import janitor
 
 __all__ = ["WorkerManager"]
 
-_READ = 1 << 16
 # How long after a stop begins the rings of data and courier nodes are closed (waking
 # whoever still blocks on them): time for stop handlers to send their last messages.
 CLOSE_GRACE_S = 1.0
@@ -346,38 +345,17 @@ class WorkerManager:
                     self._cond.notify_all()
 
     def _read(self, w: NodeRun, fd: int) -> bool:
-        """Forward what ``fd`` has; False when it had nothing (it is then closed if at
-        end-of-file)."""
-        try:
-            data = os.read(fd, _READ)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
+        """Forward what ``fd`` has; False when it had nothing (closed if at its end)."""
+        got = w.forward(fd)
+        if got is None:
             self._close_fd(w, fd)
-            return False
-        kind = w.fds[fd]
-        if kind == "error":
-            w.error_text += data
-            return True
-        if fd not in w.lines:
-            w.lines[fd] = Lines(w.name, kind)
-        w.lines[fd].feed(data)
-        return True
+        return bool(got)
 
     def _close_fd(self, w: NodeRun, fd: int) -> None:
-        lines = w.lines.pop(fd, None)
-        if lines is not None:
-            lines.flush()
-        try:
+        with contextlib.suppress(KeyError):
             self._poller.unregister(fd)
-        except KeyError:
-            pass
         self._by_fd.pop(fd, None)
-        w.fds.pop(fd, None)
-        launcher_fds.discard(fd)
-        os.close(fd)
+        w.close_fd(fd)
 
     def _reap(self, w: NodeRun) -> None:
         # The node has exited; unreaped, its pid cannot be reused, so its process group
@@ -400,9 +378,7 @@ class WorkerManager:
                 self._close_fd(w, fd)
         self._poller.unregister(w.pidfd)
         self._by_fd.pop(w.pidfd, None)
-        launcher_fds.discard(w.pidfd)
-        os.close(w.pidfd)
-        w.pidfd = None
+        w.close_pidfd()
         self._registry_ended(w)
         with self._cond:  # wait() must never see the node ended before its failure is recorded
             if w.exit_code != 0:

@@ -22,8 +22,6 @@ before it contributes, and a peer whose last reduction was abandoned mid-way
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
 import os
 import socket
@@ -39,6 +37,7 @@ from shmpad.net.allreduce import PeerRing
 from shmpad.net.envcluster import ENV_URL, from_env
 from shmpad.net.group import GroupClient, Membership
 from shmpad.net.mesh import Mesh
+from shmpad.net.state import digest, dump_state, load_state
 from shmpad.net.torchgroup import TorchGroup, check_backend, choose
 from shmpad.net.wire import parse_address
 
@@ -365,32 +364,14 @@ class Accumulator:
             self._sync(ring)
 
     def _digest(self) -> int:
-        h = hashlib.blake2b(digest_size=8)
-        for t in self.model.state_dict().values():
-            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
-        return int.from_bytes(h.digest(), "little", signed=True)
+        return digest(self.model)
 
     def state_bytes(self) -> bytes:
         """The model (parameters and buffers), optimiser and scheduler state and version."""
-        state = {"version": self.version, "model": self.model.state_dict()}
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        return buf.getvalue()
+        return dump_state(self.version, self.model, self.optimizer, self.scheduler)
 
     def load_state_bytes(self, data: bytes) -> None:
-        # weights_only: tensors and plain containers only, even from an authenticated peer
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        with torch.no_grad():
-            self.model.load_state_dict(state["model"])
-        if self.optimizer is not None and "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.version = int(state["version"])
+        self.version = load_state(data, self.model, self.optimizer, self.scheduler)
 
     # -- gradients ------------------------------------------------------------------
 
