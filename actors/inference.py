@@ -11,7 +11,13 @@ A model with an LSTM core (``model.use_lstm``, a ``learners.ActorCritic``) is
 stepped as ``model(obs[None], done[None], core_state)``: each half keeps its
 environments' core state between its batches (zeroed by the model where ``done``
 says an episode starts), and the rollouts get, with every row, the state the step
-took as input, so each unroll carries the state it started from.
+took as input, so each unroll carries the state it started from. A model with
+``last_action_reward`` is stepped the same way and also takes each environment's
+previous action (still in its action slot when the half comes back) and the reward in
+its slot; every row records that previous action as ``last_action``.
+
+``bf16`` runs the model under bf16 autocast (on a CPU with native bf16, inference
+costs about half; the logits recorded are float32).
 
 ``statistics()`` says where the time went: waiting for the workers, in the network,
 recording rollouts.
@@ -28,7 +34,7 @@ import torch
 
 from actors.pool.pool import EnvPool, HalfBatch
 from actors.rollout import RolloutWriter
-from actors.trajectory import CORE_STATE_PREFIX, POLICY_VERSION, STEP_FIELDS
+from actors.trajectory import CORE_STATE_PREFIX, LAST_ACTION, POLICY_VERSION, STEP_FIELDS
 from shmpad.ringbuf import WeightStore
 
 __all__ = ["BatchedInference", "InferenceStatistics", "sample_actions"]
@@ -57,7 +63,9 @@ class BatchedInference:
     """``model`` driving ``pool``: ``policy(model, obs [B, ...]) -> logits [B, A]``, by
     default ``model(obs)[0]`` (for ``learners.ActorCritic``, which is time-major, pass
     ``policy=lambda m, obs: m(obs[None]).policy_logits[0]``). A model with
-    ``use_lstm`` is stepped with its core state instead, and takes no ``policy``."""
+    ``use_lstm`` or ``last_action_reward`` is stepped as
+    ``model(obs[None], done[None], core_state, last_action[None], reward[None])`` instead,
+    and takes no ``policy``."""
 
     def __init__(
         self,
@@ -68,16 +76,21 @@ class BatchedInference:
         weights: WeightStore | None = None,
         seed: int = 0,
         policy: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
+        bf16: bool = False,
     ):
         if not pool.spec.discrete:
             raise ValueError(
                 f"BatchedInference samples discrete actions; {pool.spec.env_id!r} has {pool.spec.describe_actions()}"
             )
         self.recurrent = bool(getattr(model, "use_lstm", False))
-        if self.recurrent and policy is not None:
+        self.last_action_reward = bool(getattr(model, "last_action_reward", False))
+        self.stepped = self.recurrent or self.last_action_reward
+        """the model is called as model(obs[None], done[None], core_state, last_action[None], reward[None])"""
+        if self.stepped and policy is not None:
             raise ValueError(
-                "a model with an LSTM core is stepped as model(obs[None], done[None], core_state); "
-                f"policy= is for feed-forward models, got {policy!r}"
+                "a model with an LSTM core or last_action_reward is stepped as "
+                "model(obs[None], done[None], core_state, last_action[None], reward[None]); "
+                f"policy= is for models that see only the observation, got {policy!r}"
             )
         self.pool = pool
         self.device = torch.device(device)
@@ -85,6 +98,7 @@ class BatchedInference:
         self.rollouts = rollouts
         self.weights = weights
         self.policy = _first_output if policy is None else policy
+        self.bf16 = bool(bf16)
         # per half: (h, c), each [layers, B/2, hidden]
         self._core = [model.initial_state(pool.half_size) for _ in range(pool.halves)] if self.recurrent else []
         self._version = 0
@@ -102,14 +116,20 @@ class BatchedInference:
         if self.weights is not None:
             self._version = self.weights.pull(self.model, newer_than=self._version)
         core_state: tuple[torch.Tensor, ...] = ()
-        with torch.inference_mode():
+        last_action = batch.action.copy() if self.rollouts is not None or self.last_action_reward else None
+        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             obs = self._to_device(batch.obs, "obs")  # [B/2, *obs_shape], no copy on CPU
-            if self.recurrent:
-                core_state = self._core[batch.half]
+            if self.stepped:
+                core_state = self._core[batch.half] if self.recurrent else ()
                 done = self._to_device(batch.done, "done").bool()  # [B/2]
-                out = self.model(obs[None], done[None], core_state)
+                inputs = {}
+                if self.last_action_reward:
+                    inputs["last_action"] = self._to_device(last_action, LAST_ACTION)[None]  # [1, B/2]
+                    inputs["reward"] = self._to_device(batch.reward, "reward")[None]  # [1, B/2]
+                out = self.model(obs[None], done[None], core_state, **inputs)
                 logits = out.policy_logits[0]  # [B/2, A]
-                self._core[batch.half] = out.core_state
+                if self.recurrent:
+                    self._core[batch.half] = out.core_state
             else:
                 logits = self.policy(self.model, obs)  # [B/2, A]
             actions, logits = self._to_host(sample_actions(logits, self._generator), logits.float())
@@ -117,6 +137,7 @@ class BatchedInference:
         t2 = time.perf_counter_ns()
         if self.rollouts is not None:
             rows = _rows(batch, logits)
+            rows[LAST_ACTION] = last_action
             rows[POLICY_VERSION] = self._version
             for i, s in enumerate(core_state):
                 rows[f"{CORE_STATE_PREFIX}{i}"] = s.transpose(0, 1).float().cpu().numpy()  # [B/2, layers, hidden]

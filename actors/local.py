@@ -22,7 +22,7 @@ from actors.envs.config import EnvConfig
 from actors.envs.spec import seed_sequence
 from actors.inference import sample_actions
 from actors.rollout import RolloutWriter
-from actors.trajectory import POLICY_VERSION
+from actors.trajectory import LAST_ACTION, POLICY_VERSION
 from shmpad.errors import Closed, EnvWorkerError, Timeout
 from shmpad.launch.process import Child, Restarts, spawn
 from shmpad.ringbuf import TypedRing, WeightStore, janitor
@@ -68,6 +68,7 @@ def run_actor(
         while not should_stop():
             if writer.row(0) == 1:  # a new unroll starts: act with the newest weights
                 version = weights.pull(model, newer_than=version)
+            rows[LAST_ACTION][:] = rows["action"]  # the action that led to this row's observation
             with torch.inference_mode():
                 logits = model(torch.from_numpy(rows["obs"]))[0]
                 rows["action"][:] = sample_actions(logits, generator).numpy()

@@ -27,6 +27,7 @@ from shmpad._checks import check_int
 
 __all__ = [
     "CORE_STATE_PREFIX",
+    "LAST_ACTION",
     "POLICY_VERSION",
     "STEP_FIELDS",
     "core_state_fields",
@@ -38,6 +39,10 @@ __all__ = [
 
 STEP_FIELDS = ("obs", "action", "reward", "done", "episode_return", "episode_step", "episode_end")
 """the fields of one environment step, in slot order"""
+
+LAST_ACTION = "last_action"
+"""the action taken before the row's observation (of the ended episode after a reset,
+as torchbeast and moolib feed it; 0 before an environment's first action)"""
 
 POLICY_VERSION = "policy_version"
 """the weight-store version of the policy that chose each row's action: the learner
@@ -83,6 +88,8 @@ def trajectory_spec(
         if name == "done":
             fields["logits"] = (np.float32, (n, num_logits))  # [T+1, A], the behaviour policy's
             fields[POLICY_VERSION] = (np.int64, (n,))  # [T+1], the weight-store version that acted
+        if name == "action":
+            fields[LAST_ACTION] = (dtype.type, (n, *shape))  # [T+1, ...], the action before the row's observation
     for i, shape in enumerate(core_state_shapes or ()):
         shape = tuple(shape)
         if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in shape):

@@ -65,7 +65,13 @@ def load_run(folder: str) -> tuple[dict[str, Any], EnvConfig, torch.nn.Module, i
         config = json.load(f)
     env = EnvConfig(config["env"], full_action_space=bool(config.get("full_action_space", False)), reward_clip=None)
     spec = env.spec()
-    model = make_model(config["model"], spec.obs_shape, spec.num_actions, use_lstm=bool(config.get("use_lstm")))
+    model = make_model(
+        config["model"],
+        spec.obs_shape,
+        spec.num_actions,
+        use_lstm=bool(config.get("use_lstm")),
+        last_action_reward=bool(config.get("last_action_reward")),
+    )
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
     return config, env, model.eval(), state.get("frames")
@@ -92,17 +98,24 @@ def play(
     running = np.ones(episodes, bool)
     core = model.initial_state(episodes) if getattr(model, "use_lstm", False) else ()
     first = torch.ones(1, episodes, dtype=torch.bool)  # [1, B]: every core state starts zeroed
+    # what a model with last_action_reward also sees: the previous action and the reward it earned
+    inputs = {"last_action": torch.zeros(1, episodes, dtype=torch.long), "reward": torch.zeros(1, episodes)}
+    if not getattr(model, "last_action_reward", False):
+        inputs = {}
     generator = torch.Generator().manual_seed(seed)
     try:
         for step in range(max_steps):
             with torch.inference_mode():
-                out = model(torch.from_numpy(obs)[None], first, core)
+                out = model(torch.from_numpy(obs)[None], first, core, **inputs)
                 logits = out.policy_logits[0]  # [B, A]
                 core = out.core_state
             actions = logits.argmax(-1) if greedy else sample_actions(logits, generator)
             first = torch.zeros_like(first)
             for i in np.flatnonzero(running):
                 reward, _, game_over = envs[i].step(int(actions[i]), obs[i])
+                if inputs:
+                    inputs["last_action"][0, i] = int(actions[i])
+                    inputs["reward"][0, i] = reward
                 returns[i] += reward
                 if game_over:
                     running[i] = False

@@ -67,6 +67,8 @@ class Args:
     """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
     use_lstm: bool = False
     """an LSTM core after the torso; each unroll carries the core state it started from"""
+    last_action_reward: bool = False
+    """feed the core/heads the previous action (one-hot) and the clipped reward, as torchbeast's and moolib's Atari nets do"""
     total_frames: int = 200_000
     """stop after this many environment frames (frame skip counted)"""
     unroll_length: int = 20
@@ -206,7 +208,9 @@ def env_config(args: Args) -> EnvConfig:
 
 def build_model(args: Args, obs_shape, num_actions: int):
     torch.manual_seed(args.seed)
-    return make_model(args.model, obs_shape, num_actions, use_lstm=args.use_lstm)
+    return make_model(
+        args.model, obs_shape, num_actions, use_lstm=args.use_lstm, last_action_reward=args.last_action_reward
+    )
 
 
 def core_state_shapes(model) -> list[tuple[int, ...]]:
@@ -237,19 +241,19 @@ def act(model, obs):
     return model(obs[None]).policy_logits[0]  # [B, A]
 
 
-def act_bf16(model, obs):
-    """``act`` under bf16 autocast on the CPU (the heads stay fp32, see ``learners.models``)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        return act(model, obs)
-
-
 def actor_policy(args: Args):
-    """How an actor runs its network: stepped with its core state for an LSTM (None); in
-    bf16 where the plan runs the learner in bf16 on the CPU (inference took 4.2-4.3 ms per
-    batch of 16 Pong frames instead of 7.0-8.5, docs/results/cpu-bf16); else ``act``."""
-    if args.use_lstm:
-        return None
-    return act_bf16 if args.bf16 == "on" and args.device == "cpu" else act
+    """How an actor runs its network: ``act`` on the observations; None (stepped with its
+    core state, last action and reward, see ``actors.BatchedInference``) for an LSTM or
+    ``--last-action-reward``."""
+    return None if args.use_lstm or args.last_action_reward else act
+
+
+def actor_bf16(args: Args) -> bool:
+    """Whether the actors infer under bf16 autocast: where the plan runs the learner in bf16
+    on the CPU (inference took 4.2-4.3 ms per batch of 16 Pong frames instead of 7.0-8.5,
+    docs/results/cpu-bf16; the heads stay fp32, see ``learners.models``). Not on a GPU,
+    where it was not measured."""
+    return args.bf16 == "on" and args.device == "cpu"
 
 
 # -- the actor node ----------------------------------------------------------------------
@@ -259,14 +263,29 @@ ACTOR_STATS_S = 0.5
 """how often an actor sends its statistics when the program has a stats ring"""
 
 
+def use_cudnn_autotuner(args: Args) -> None:
+    """On a GPU, let cuDNN time its convolution algorithms once per shape and keep the fastest:
+    the actors' batches and the learner's unrolls never change shape (moolib does the same)."""
+    if args.device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = True
+
+
 def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None:
     torch.set_num_threads(1)
+    use_cudnn_autotuner(args)
     pool = EnvPool(env_config(args), args.num_workers, args.envs_per_worker, seed=args.seed + 1_000_003 * index)
     try:
         model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
         writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
         inference = BatchedInference(
-            pool, model, args.device, writer, weights, seed=args.seed + index, policy=actor_policy(args)
+            pool,
+            model,
+            args.device,
+            writer,
+            weights,
+            seed=args.seed + index,
+            policy=actor_policy(args),
+            bf16=actor_bf16(args),
         )
         stop = lp.stop_event()
         next_report = time.monotonic()
@@ -316,6 +335,7 @@ def _send_stats(stats, counters: dict[str, float]) -> None:
 
 def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
     torch.set_num_threads(args.learner_threads)
+    use_cudnn_autotuner(args)
     checkpoint = os.path.join(args.out, rundir.CHECKPOINT)
     learner = Learner(
         build_model(args, obs_shape, num_actions),
@@ -442,7 +462,7 @@ def local_resources(args: Args) -> dict[str, lp.PythonProcess]:
     return {"learner": lp.PythonProcess(cpus=learner), "actor": lp.PythonProcess(cpus=actors)}
 
 
-IDENTITY = ("env", "model", "use_lstm", "full_action_space")
+IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space")
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
 

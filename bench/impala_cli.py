@@ -18,7 +18,7 @@ __all__ = ["CHOICES", "EXAMPLES", "FAMILY_DEFAULTS", "HELP_GROUPS", "advice", "e
 
 HELP_GROUPS = {
     "environment": ["env", "full_action_space", "seed"],
-    "model": ["model", "use_lstm"],
+    "model": ["model", "use_lstm", "last_action_reward"],
     "learning": [
         "total_frames",
         "unroll_length",
@@ -68,6 +68,8 @@ EXAMPLES = """examples:
   python -m bench.impala                                   a 200K-frame Pong smoke test (2-3 minutes on 2 cores)
   python -m bench.impala --env CartPole-v1                 CartPole with its own defaults (750K frames, mlp)
   python -m bench.impala --env ALE/Breakout-v5 --model deep --full-action-space --total-frames 50_000_000
+  python -m bench.impala --model deep --last-action-reward --full-action-space --lr-decay-frames 200_000_000 --total-frames 50_000_000
+                                                           moolib's Atari configuration
   python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000 --total-frames 1_000_000
 """
 
@@ -97,7 +99,7 @@ def env_family(env_id: str) -> str:
 
 
 def summary(args: Any) -> str:
-    core = "+lstm" if args.use_lstm else ""
+    core = ("+lstm" if args.use_lstm else "") + ("+last action and reward" if args.last_action_reward else "")
     return (
         f"IMPALA on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
         f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})\n"

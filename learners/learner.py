@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-from actors.trajectory import POLICY_VERSION, core_state_fields, unroll_length
+from actors.trajectory import LAST_ACTION, POLICY_VERSION, core_state_fields, unroll_length
 from learners.loss import ImpalaLoss, impala_loss
 from learners.models import ActorCritic, ModelOutput
 from learners.transfer import BatchStager, WeightPublisher
@@ -136,6 +136,11 @@ class Learner:
                     f"the model's LSTM core needs trajectory slots holding its state of shapes {expected}, "
                     f"got {got} (trajectory_spec(..., core_state_shapes={expected}))"
                 )
+        if getattr(model, "last_action_reward", False) and LAST_ACTION not in ring.spec:
+            raise ValueError(
+                f"the model takes the last action and reward: the trajectory slots need a {LAST_ACTION!r} field "
+                f"(trajectory_spec makes one), got fields {sorted(ring.spec)}"
+            )
         self.model = model.to(device).train()
         self.ring = ring
         self.config = config
@@ -290,7 +295,9 @@ class Learner:
     def forward(self, batch: dict[str, torch.Tensor]) -> ModelOutput:
         """The model over a time-major batch, from the core state stored at the start of each unroll."""
         core_state = tuple(batch[f].contiguous() for f in self.core_state_fields)  # each [layers, B, hidden]
-        return self.model(batch["obs"], batch["done"].bool(), core_state)
+        if not getattr(self.model, "last_action_reward", False):
+            return self.model(batch["obs"], batch["done"].bool(), core_state)
+        return self.model(batch["obs"], batch["done"].bool(), core_state, batch[LAST_ACTION], batch["reward"])
 
     def _count_episodes(self, batch: dict[str, torch.Tensor]) -> None:
         """Episodes that ended and the policy lag of a batch (CPU tensors, time-major)."""

@@ -11,7 +11,9 @@ Torsos map one observation per row, ``[N, *obs_shape]``, to ``[N, features]``:
 The image torsos take uint8 frames and scale them by 1/255 inside. ``ActorCritic``
 runs a torso over time-major inputs ``[T, B, ...]``, with an optional LSTM whose
 state is carried between calls and zeroed where an episode starts, as in
-torchbeast and moolib.
+torchbeast and moolib. With ``last_action_reward`` the core (or, without one, the
+heads) also sees the previous action, one-hot, and the reward that came with the
+observation, clipped to [-1, 1]: the inputs of torchbeast's and moolib's Atari nets.
 """
 
 from __future__ import annotations
@@ -152,9 +154,21 @@ class ActorCritic(nn.Module):
     ``done[t, b]`` means ``obs[t, b]`` is the first observation of a new episode
     (the row convention of ``actors.rollout``), so the LSTM state of ``b`` is zeroed
     before step ``t``. For one step of inference pass ``obs[None]`` and ``done[None]``.
+
+    With ``last_action_reward``, ``forward`` also takes ``last_action`` ``[T, B]`` (integer,
+    the action taken before ``obs[t, b]``) and ``reward`` ``[T, B]`` (what that action
+    earned); they are concatenated to the torso's features as ``[clip(reward, -1, 1),
+    one_hot(last_action)]``, so the core and heads take ``features + 1 + num_actions``.
     """
 
-    def __init__(self, torso: nn.Module, num_actions: int, use_lstm: bool = False, lstm_layers: int = 1):
+    def __init__(
+        self,
+        torso: nn.Module,
+        num_actions: int,
+        use_lstm: bool = False,
+        lstm_layers: int = 1,
+        last_action_reward: bool = False,
+    ):
         super().__init__()
         if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
             raise ValueError(f"num_actions must be an int >= 1, got {num_actions!r}")
@@ -165,10 +179,13 @@ class ActorCritic(nn.Module):
         self.torso = torso
         self.obs_shape = tuple(torso.obs_shape)
         self.num_actions = num_actions
+        self.last_action_reward = bool(last_action_reward)
         features = torso.out_features
-        self.core = nn.LSTM(features, features, num_layers=lstm_layers) if use_lstm else None
-        self.policy = nn.Linear(features, num_actions)
-        self.baseline = nn.Linear(features, 1)
+        inputs = features + (1 + num_actions if self.last_action_reward else 0)
+        self.core = nn.LSTM(inputs, features, num_layers=lstm_layers) if use_lstm else None
+        heads = features if use_lstm else inputs
+        self.policy = nn.Linear(heads, num_actions)
+        self.baseline = nn.Linear(heads, 1)
 
     @property
     def use_lstm(self) -> bool:
@@ -183,7 +200,12 @@ class ActorCritic(nn.Module):
         return tuple(torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in range(2))
 
     def forward(
-        self, obs: torch.Tensor, done: torch.Tensor | None = None, core_state: tuple[torch.Tensor, ...] = ()
+        self,
+        obs: torch.Tensor,
+        done: torch.Tensor | None = None,
+        core_state: tuple[torch.Tensor, ...] = (),
+        last_action: torch.Tensor | None = None,
+        reward: torch.Tensor | None = None,
     ) -> ModelOutput:
         if not isinstance(obs, torch.Tensor):
             raise TypeError(f"obs must be a tensor, got {describe(obs)}")
@@ -191,6 +213,8 @@ class ActorCritic(nn.Module):
             raise ValueError(f"obs must be [T, B, *{self.obs_shape}], got shape {tuple(obs.shape)}")
         T, B = obs.shape[:2]
         x = self.torso(obs.flatten(0, 1))  # [T * B, features]
+        if self.last_action_reward:
+            x = torch.cat([x, *self._action_reward(last_action, reward, T, B, x.dtype)], dim=1)  # [T * B, inputs]
         if self.core is not None:
             x, core_state = self._unroll_core(x.view(T, B, -1), done, core_state)  # [T, B, features]
         else:
@@ -200,6 +224,21 @@ class ActorCritic(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             x = x.to(self.policy.weight.dtype)
             return ModelOutput(self.policy(x), self.baseline(x).squeeze(-1), core_state)
+
+    def _action_reward(
+        self, last_action: torch.Tensor | None, reward: torch.Tensor | None, T: int, B: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T * B, 1]`` clipped rewards and ``[T * B, A]`` one-hot last actions."""
+        if not isinstance(last_action, torch.Tensor) or last_action.is_floating_point() or last_action.is_complex():
+            raise TypeError(f"last_action must be an integer tensor [T, B] for this model, got {describe(last_action)}")
+        if not isinstance(reward, torch.Tensor) or not reward.is_floating_point():
+            raise TypeError(f"reward must be a floating point tensor [T, B] for this model, got {describe(reward)}")
+        for name, t in (("last_action", last_action), ("reward", reward)):
+            if t.shape != (T, B):
+                raise ValueError(f"{name} must be [T, B] = {(T, B)}, got shape {tuple(t.shape)}")
+        clipped = reward.reshape(T * B, 1).clamp(-1.0, 1.0).to(dtype)  # [T * B, 1]
+        one_hot = F.one_hot(last_action.reshape(T * B).long(), self.num_actions).to(dtype)  # [T * B, A]
+        return clipped, one_hot
 
     def _unroll_core(
         self, x: torch.Tensor, done: torch.Tensor | None, core_state: tuple[torch.Tensor, ...]
@@ -230,8 +269,10 @@ def make_model(
     obs_shape: Sequence[int],
     num_actions: int,
     use_lstm: bool = False,
+    last_action_reward: bool = False,
 ) -> ActorCritic:
-    """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``)."""
+    """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``);
+    ``use_lstm`` and ``last_action_reward`` as ``ActorCritic``'s."""
     if kind == "shallow":
         torso: nn.Module = NatureTorso(obs_shape)
     elif kind == "deep":
@@ -242,4 +283,4 @@ def make_model(
         torso = MLPTorso(obs_shape[0])
     else:
         raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {kind!r}")
-    return ActorCritic(torso, num_actions, use_lstm=use_lstm)
+    return ActorCritic(torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward)

@@ -12,6 +12,7 @@ from actors.inference import BatchedInference
 from actors.local import LocalPolicyActors
 from actors.rollout import RolloutWriter
 from actors.trajectory import trajectory_spec
+from learners.models import ModelOutput
 from shmpad.ringbuf import TypedRing, WeightStore
 
 
@@ -56,6 +57,58 @@ def test_inference_unrolls_replay_in_a_single_process_run(shm_leak_check):
         np.testing.assert_array_equal(rows["done"][:, t], ref.done)
         np.testing.assert_array_equal(rows["episode_step"][:, t], ref.len)
     assert first["logits"].shape == (4, T + 1, 2) and np.isfinite(first["logits"]).all()
+    # each row records the action that led to its observation (none yet at the start)
+    np.testing.assert_array_equal(rows["last_action"][:, 1:], rows["action"][:, :-1])
+    assert (rows["last_action"][:, 0] == 0).all()
+
+
+class LastActionReward(torch.nn.Module):
+    """A model stepped with the last action and reward, that records what it was given."""
+
+    use_lstm = False
+    last_action_reward = True
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 2)
+        self.seen = []
+
+    def forward(self, obs, done, core_state, last_action, reward):
+        self.seen.append((done.clone(), last_action.clone(), reward.clone()))
+        logits = self.net(obs.float())  # [1, B, 2]
+        return ModelOutput(logits, logits[..., 0], ())
+
+
+def test_a_model_with_last_action_and_reward_gets_each_environments_own():
+    config = EnvConfig("CartPole-v1")
+    model = LastActionReward()
+    with EnvPool(config, 2, 2, seed=3) as pool:
+        inference = BatchedInference(pool, model)
+        recv, received = pool.recv, []
+
+        def recording_recv(timeout=None):
+            batch = recv(timeout)
+            received.append((batch, batch.reward.copy()))
+            return batch
+
+        pool.recv = recording_recv
+        sent = {}  # half -> the actions sent at each of its turns
+        for _ in range(12):
+            half = inference.step(timeout=30)
+            sent.setdefault(half, []).append(received[-1][0].action.copy())
+    assert len(model.seen) == 12 and set(sent) == {0, 1}
+    turns = {0: 0, 1: 0}
+    for (done, last_action, reward), (batch, rewards) in zip(model.seen, received):
+        n = len(batch.envs)
+        assert last_action.shape == reward.shape == done.shape == (1, n)
+        turn = turns[batch.half]
+        turns[batch.half] += 1
+        previous = sent[batch.half][turn - 1] if turn else np.zeros(n)  # nothing sent before the first turn
+        np.testing.assert_array_equal(last_action[0].numpy(), previous)
+        np.testing.assert_array_equal(reward[0].numpy(), rewards)
+    assert any(r.any() for _, r in received[2:])  # CartPole pays 1 a step: the rewards were there to see
+    with pytest.raises(ValueError, match="policy= is for models that see only the observation"):
+        BatchedInference(pool, model, policy=lambda m, obs: m(obs))
 
 
 class HostBuffersReused(BatchedInference):

@@ -37,6 +37,7 @@ def _fill(ring: TypedRing, n: int, seed: int, policy_version: int = 0) -> None:
         slot = ring.reserve(timeout=5)
         slot["obs"][...] = rng.normal(size=slot["obs"].shape)
         slot["action"][...] = rng.integers(0, A, size=slot["action"].shape)
+        slot["last_action"][...] = rng.integers(0, A, size=slot["last_action"].shape)
         slot["reward"][...] = rng.normal(size=T + 1)
         slot["done"][...] = 0
         slot["logits"][...] = rng.normal(size=slot["logits"].shape)
@@ -128,3 +129,29 @@ def test_bad_configuration():
             Learner(make_model("mlp", OBS, A, use_lstm=True), r, LearnerConfig())
     finally:
         r.close()
+
+
+def test_a_model_with_last_action_and_reward_learns_from_the_rows_own(ring):
+    torch.manual_seed(0)
+    model = make_model("mlp", OBS, A, last_action_reward=True)
+    learner = Learner(model, ring, LearnerConfig(batch_size=B))
+    _fill(ring, B, 3)
+    batch = {k: torch.from_numpy(v.copy()).transpose(0, 1) for k, v in ring.get_batch(B, timeout=5).items()}
+    ring.release()
+    out = learner.forward(batch)  # [T+1, B, A]
+    expected = model(batch["obs"], batch["done"].bool(), (), batch["last_action"], batch["reward"])
+    torch.testing.assert_close(out.policy_logits, expected.policy_logits, rtol=0, atol=0)
+    shuffled = model(batch["obs"], batch["done"].bool(), (), batch["last_action"].flip(0), batch["reward"])
+    assert not torch.allclose(out.policy_logits, shuffled.policy_logits)
+    _fill(ring, B, 4)
+    assert torch.isfinite(learner.step(timeout=5).total)
+
+
+def test_a_model_with_last_action_and_reward_needs_them_in_the_slots(shm_leak_check):
+    spec = {k: v for k, v in _spec().items() if k != "last_action"}
+    ring = TypedRing.create(spec, capacity=B)
+    try:
+        with pytest.raises(ValueError, match="the trajectory slots need a 'last_action' field"):
+            Learner(make_model("mlp", OBS, A, last_action_reward=True), ring, LearnerConfig(batch_size=B))
+    finally:
+        ring.close()

@@ -153,6 +153,7 @@ def _args(**kw):
         device="cpu",
         model="shallow",
         use_lstm=False,
+        last_action_reward=False,
         num_actors=0,
         num_workers=0,
         envs_per_worker=0,
@@ -195,14 +196,17 @@ def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
 def test_actors_infer_in_bf16_where_the_plan_runs_the_learner_in_bf16_on_a_cpu():
     from bench import impala
 
-    assert impala.actor_policy(_args(bf16="on", use_lstm=False)) is impala.act_bf16
-    assert impala.actor_policy(_args(bf16="off", use_lstm=False)) is impala.act
-    assert impala.actor_policy(_args(bf16="on", device="cuda", use_lstm=False)) is impala.act  # not measured there
-    assert impala.actor_policy(_args(bf16="on", use_lstm=True)) is None  # stepped with its core state
+    assert impala.actor_bf16(_args(bf16="on")) and not impala.actor_bf16(_args(bf16="off"))
+    assert not impala.actor_bf16(_args(bf16="on", device="cuda"))  # not measured there
+    assert impala.actor_policy(_args(use_lstm=False, last_action_reward=False)) is impala.act
+    assert impala.actor_policy(_args(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
+    assert impala.actor_policy(_args(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
     model = make_model("shallow", (4, 84, 84), A).eval()
     obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     with torch.inference_mode():
-        fp32, bf16 = impala.act(model, obs), impala.act_bf16(model, obs)
+        fp32 = impala.act(model, obs)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as BatchedInference(bf16=True) runs it
+            bf16 = impala.act(model, obs)
     assert bf16.dtype == torch.float32 and bf16.shape == (5, A)
     torch.testing.assert_close(bf16, fp32, rtol=0, atol=0.05)  # bf16 features, fp32 heads
     assert not torch.equal(bf16, fp32)

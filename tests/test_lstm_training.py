@@ -145,7 +145,7 @@ def test_an_lstm_model_needs_the_core_state_in_the_slots(shm_leak_check):
         ring.close()
     with (
         EnvPool(EnvConfig("CartPole-v1"), 1, 2) as pool,
-        pytest.raises(ValueError, match="policy= is for feed-forward models"),
+        pytest.raises(ValueError, match="policy= is for models that see only the observation"),
     ):
         BatchedInference(pool, _lstm_model(), policy=lambda m, obs: m(obs[None]).policy_logits[0])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from learners.models import (
     ActorCritic,
@@ -210,3 +211,49 @@ def test_bad_arguments_are_named():
         MLPTorso(0)
     with pytest.raises(TypeError, match=r"torso must be a module with obs_shape and out_features, got Linear"):
         ActorCritic(torch.nn.Linear(2, 2), 3)
+
+
+@pytest.mark.parametrize("use_lstm", [False, True], ids=["feedforward", "lstm"])
+def test_last_action_and_reward_reach_the_heads_one_hot_and_clipped(use_lstm):
+    """torchbeast's and moolib's Atari inputs: the heads (or the core) see the features, the
+    reward clipped to [-1, 1] and the previous action one-hot, and nothing else changes."""
+    torch.manual_seed(0)
+    model = make_model("mlp", (4,), 6, use_lstm=use_lstm, last_action_reward=True)
+    plain = model_of("mlp", use_lstm)
+    extra = 1 + 6  # the clipped reward and the one-hot action
+    if use_lstm:
+        assert model.core.input_size == plain.core.input_size + extra and model.policy.in_features == 64
+    else:
+        assert model.policy.in_features == model.baseline.in_features == 64 + extra
+    assert count(model) == count(plain) + extra * (4 * 64 if use_lstm else 6 + 1)
+    obs, done = observations("mlp", 3, 2), torch.zeros(3, 2, dtype=torch.bool)
+    last_action = torch.tensor([[0, 5], [3, 3], [1, 2]])
+    reward = torch.tensor([[0.0, 1.0], [-0.5, 7.0], [0.0, 0.0]])
+    out = model(obs, done, (), last_action, reward)
+    assert out.policy_logits.shape == (3, 2, 6) and out.baseline.shape == (3, 2)
+    # clipped: a reward of 7 reads as 1
+    clipped = model(obs, done, (), last_action, reward.clamp(-1, 1))
+    torch.testing.assert_close(out.policy_logits, clipped.policy_logits, rtol=0, atol=0)
+    # each input changes what the model says
+    for other in (model(obs, done, (), last_action.roll(1, 1), reward), model(obs, done, (), last_action, -reward)):
+        assert not torch.allclose(other.policy_logits, out.policy_logits)
+    if not use_lstm:  # the heads see exactly [features, clip(reward), one_hot(last_action)]
+        features = model.torso(obs.flatten(0, 1))
+        x = torch.cat([features, reward.reshape(6, 1).clamp(-1, 1), F.one_hot(last_action.reshape(6), 6).float()], 1)
+        torch.testing.assert_close(out.policy_logits, model.policy(x).view(3, 2, 6))
+
+
+def test_a_model_with_last_action_and_reward_names_the_inputs_it_lacks():
+    model = make_model("shallow", (4, 84, 84), 6, last_action_reward=True)
+    obs = observations("shallow", 2, 3)
+    action, reward = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3)
+    with pytest.raises(TypeError, match=r"last_action must be an integer tensor \[T, B\] for this model, got NoneType"):
+        model(obs)
+    with pytest.raises(TypeError, match=r"last_action must be an integer tensor .* got a torch.float32 tensor"):
+        model(obs, None, (), reward, reward)
+    with pytest.raises(
+        TypeError, match=r"reward must be a floating point tensor \[T, B\] for this model, got NoneType"
+    ):
+        model(obs, None, (), action)
+    with pytest.raises(ValueError, match=r"reward must be \[T, B\] = \(2, 3\), got shape \(3,\)"):
+        model(obs, None, (), action, reward[0])
