@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -44,12 +43,14 @@ from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, ad
 from bench.impala_log import (
     CSV_COLUMNS,
     EPISODE_COLUMNS,
+    actor_counters,
     actor_totals,
     csv_header,
     last_seconds,
     plot,
     progress,
     progress_line,
+    send_actor_stats,
 )
 from bench.impala_plan import make_plan, pinned_cpus
 from bench.tensorboard import TensorBoardLog
@@ -300,34 +301,11 @@ def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None
                 for name, value in counters.items():  # for the learner's progress line and shmpad.top
                     lp.publish_counter(name, value)
                 if stats is not None:
-                    _send_stats(stats, counters)
+                    send_actor_stats(stats, counters)
     except Closed:
         pass  # the program stopped: the trajectory ring was closed under us
     finally:
         pool.close()
-
-
-def actor_counters(pool: EnvPool, inference: BatchedInference) -> dict[str, float]:
-    """The actor's and its pool's running totals (``bench.impala_log.ACTOR_COUNTERS``)."""
-    p, s = pool.statistics(), inference.statistics()
-    return {
-        "frames": p.frames,
-        "env_s": sum(p.worker_env_seconds),
-        "wait_s": sum(p.worker_wait_seconds),
-        "batches": s.batches,
-        "inf_wait_s": s.wait_seconds,
-        "inf_s": s.inference_seconds,
-        "rollout_s": s.rollout_seconds,
-    }
-
-
-def _send_stats(stats, counters: dict[str, float]) -> None:
-    """One JSON message of the actor's counters (dropped if nobody reads)."""
-    message = {"pid": os.getpid(), "t": time.monotonic(), **counters}
-    try:
-        stats.put_nowait(json.dumps(message).encode())
-    except lp.WouldBlock:
-        pass
 
 
 # -- the learner node --------------------------------------------------------------------

@@ -5,8 +5,10 @@ the run, in words), the CSV log's columns and rows, and the learning curve.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
+import time
 from typing import Any
 
 import shmpad as lp
@@ -14,6 +16,7 @@ import shmpad as lp
 __all__ = [
     "ACTOR_COUNTERS",
     "CSV_COLUMNS",
+    "actor_counters",
     "actor_totals",
     "EPISODE_COLUMNS",
     "bound",
@@ -23,6 +26,7 @@ __all__ = [
     "progress",
     "progress_line",
     "score_range",
+    "send_actor_stats",
 ]
 
 CSV_COLUMNS = [
@@ -55,6 +59,30 @@ ACTOR_COUNTERS = ("frames", "env_s", "wait_s", "batches", "inf_wait_s", "inf_s",
 """what every actor node publishes (``lp.publish_counter``), running totals: frames stepped, its env
 workers' seconds stepping and waiting for actions, inference batches, and the actor loop's seconds
 waiting for a half, in the network, and writing rollouts"""
+
+
+def actor_counters(pool: Any, inference: Any) -> dict[str, float]:
+    """An actor's and its pool's running totals (``ACTOR_COUNTERS``), from an ``actors.EnvPool``
+    and its ``actors.BatchedInference``."""
+    p, s = pool.statistics(), inference.statistics()
+    return {
+        "frames": p.frames,
+        "env_s": sum(p.worker_env_seconds),
+        "wait_s": sum(p.worker_wait_seconds),
+        "batches": s.batches,
+        "inf_wait_s": s.wait_seconds,
+        "inf_s": s.inference_seconds,
+        "rollout_s": s.rollout_seconds,
+    }
+
+
+def send_actor_stats(stats: Any, counters: dict[str, float]) -> None:
+    """One JSON message of an actor's counters into the ``stats`` ring (dropped if nobody reads)."""
+    message = {"pid": os.getpid(), "t": time.monotonic(), **counters}
+    try:
+        stats.put_nowait(json.dumps(message).encode())
+    except lp.WouldBlock:
+        pass
 
 
 def actor_totals() -> dict[str, dict[str, float]]:
