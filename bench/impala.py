@@ -116,6 +116,8 @@ class Args:
     """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
     publish_every: int = 1
     """learner updates between two publishes of the weights to the actors"""
+    publish_seconds: float = 0.0
+    """publish the weights at the first update this many seconds after the last publish, instead of every --publish-every updates (0: off)"""
     top: bool = False
     """draw the live view of python -m shmpad.top (nodes, rings, weights, counters) at the bottom of this terminal while the progress lines scroll above it (needs a terminal and rich)"""
     tensorboard: bool = False
@@ -162,11 +164,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     args = dataclasses.replace(args, **{k: v for k, v in FAMILY_DEFAULTS.get(family, {}).items() if k not in given})
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
-    for name in ("num_actors", "num_workers", "envs_per_worker", "learner_threads", "publish_every"):
-        if getattr(args, name) < (1 if name == "publish_every" else 0):
-            parser.error(
-                f"--{name.replace('_', '-')} must be >= {1 if name == 'publish_every' else 0}, got {getattr(args, name)}"
-            )
+    for name, n in dict(
+        num_actors=0, num_workers=0, envs_per_worker=0, learner_threads=0, publish_every=1, publish_seconds=0
+    ).items():
+        if not getattr(args, name) >= n:
+            parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
     plan = make_plan(args)
     args = dataclasses.replace(
         args,
@@ -233,6 +235,7 @@ def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
         total_frames=args.lr_decay_frames or args.total_frames,
         frames_per_step=frames_per_step,
         publish_every=args.publish_every,
+        publish_seconds=args.publish_seconds,
         compile=args.compile == "on",
         bf16=args.bf16 == "on",
     )
@@ -243,9 +246,8 @@ def act(model, obs):
 
 
 def actor_policy(args: Args):
-    """How an actor runs its network: ``act`` on the observations; None (stepped with its
-    core state, last action and reward, see ``actors.BatchedInference``) for an LSTM or
-    ``--last-action-reward``."""
+    """How an actor runs its network: ``act``; None (``actors.BatchedInference`` steps it with its
+    core state, last action and reward) for an LSTM or ``--last-action-reward``."""
     return None if args.use_lstm or args.last_action_reward else act
 
 

@@ -40,6 +40,7 @@ HELP_GROUPS = {
         "bf16",
         "pin",
         "publish_every",
+        "publish_seconds",
     ],
     "actors": ["num_actors", "num_workers", "envs_per_worker", "queue_slots"],
     "several hosts (python -m shmpad.net.broker on one of them)": [
@@ -106,8 +107,15 @@ def summary(args: Any) -> str:
         f"plan for {usable_cores()} core(s), {args.device}: {args.num_actors} actor(s) x {args.num_workers} env "
         f"workers x {args.envs_per_worker} envs, learner {args.learner_threads} thread(s), "
         f"{'compiled' if args.compile == 'on' else 'eager'}, {'bf16' if args.bf16 == 'on' else 'fp32'}, "
-        f"weights published every {args.publish_every} update(s)" + _pinning(args)
+        + _publishing(args)
+        + _pinning(args)
     )
+
+
+def _publishing(args: Any) -> str:
+    if args.publish_seconds > 0:
+        return f"weights published every {args.publish_seconds:g} s"
+    return f"weights published every {args.publish_every} update(s)"
 
 
 def _pinning(args: Any) -> str:

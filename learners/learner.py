@@ -6,7 +6,8 @@ the ring's slots, made time-major ``[T+1, B, ...]`` by a transpose. On the CPU t
 update reads the slots in place and they go back to the ring once the backward pass
 no longer needs them; on a GPU they are copied once into pinned staging, go back at
 once, and reach the device on a side stream while the previous update computes
-(``learners.transfer``). Weights are published every ``publish_every`` updates, from a
+(``learners.transfer``). Weights are published every ``publish_every`` updates (or every
+``publish_seconds``), from a
 GPU without waiting for the device. ``compile`` and ``bf16`` choose how the forward
 pass and the loss run. Rows follow
 ``actors.rollout``: row ``t`` holds the observation, the action taken from it
@@ -73,6 +74,8 @@ class LearnerConfig:
     """environment frames per agent step (the frame skip: 4 on Atari)"""
     publish_every: int = 1
     """updates between two publishes of the weights (a tiny model is otherwise dominated by publishing)"""
+    publish_seconds: float = 0.0
+    """> 0: publish at the first update this many seconds after the last publish, instead of every publish_every"""
     compile: bool = False
     """``torch.compile`` the forward pass and the loss (and so their backward); falls back to eager if it fails"""
     bf16: bool = False
@@ -93,6 +96,10 @@ class LearnerConfig:
             raise ValueError(f"frames_per_step must be >= 1, got {self.frames_per_step!r}")
         if isinstance(self.publish_every, bool) or not isinstance(self.publish_every, int) or self.publish_every < 1:
             raise ValueError(f"publish_every must be an int >= 1, got {self.publish_every!r}")
+        if isinstance(self.publish_seconds, bool) or not self.publish_seconds >= 0:
+            raise ValueError(
+                f"publish_seconds must be >= 0 (0: every publish_every updates), got {self.publish_seconds!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -191,7 +198,11 @@ class Learner:
         self.skipped = 0
         """batches that led to no step of their own: the group's virtual batch was not
         complete yet, or the reduction was abandoned because the group changed"""
-        self.publisher = WeightPublisher(self.model, weights, config.publish_every) if weights is not None else None
+        self.publisher = (
+            WeightPublisher(self.model, weights, config.publish_every, config.publish_seconds)
+            if weights is not None
+            else None
+        )
         if self.publisher is not None:
             self.publisher.publish(self.steps)
 

@@ -17,7 +17,8 @@ so neither is overwritten while in use. On the CPU the same code runs with plain
 (unpinned) buffers and no streams: a staged batch is then one copy of the slots,
 which frees them before the update instead of after it.
 
-``WeightPublisher``: every ``every`` updates the model goes to the weight store. From
+``WeightPublisher``: every ``every`` updates (or, given ``seconds``, at the first update
+``seconds`` after the last publish) the model goes to the weight store. From
 a GPU the parameters are copied into pinned host buffers asynchronously and the store
 is written at a later call, once that copy has completed (``event.query()``, never a
 wait), so publishing never stalls the device; the actors see weights at most a few
@@ -25,6 +26,9 @@ updates older than a synchronous publish would give them.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Callable
 
 import torch
 
@@ -104,14 +108,28 @@ class BatchStager:
 
 
 class WeightPublisher:
-    """Publishes ``model`` to ``store`` every ``every`` calls (see the module docstring)."""
+    """Publishes ``model`` to ``store`` every ``every`` calls, or with ``seconds > 0`` at the
+    first call ``seconds`` after the last publish (see the module docstring); ``clock`` is
+    ``time.monotonic`` but for tests."""
 
-    def __init__(self, model: torch.nn.Module, store: WeightStore, every: int = 1):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        store: WeightStore,
+        every: int = 1,
+        seconds: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"publish_every must be an int >= 1 (updates between publishes), got {every!r}")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+            raise ValueError(f"publish_seconds must be a number >= 0 (0: every {every} update(s)), got {seconds!r}")
         self.model = model
         self.store = store
         self.every = every
+        self.seconds = float(seconds)
+        self._clock = clock
+        self._last = clock()
         self.device = next(model.parameters()).device
         self._cuda = self.device.type == "cuda"
         self._calls = 0
@@ -124,16 +142,18 @@ class WeightPublisher:
         """weight-store version -> the learner's update count it holds (the newest versions)"""
 
     def __call__(self, steps: int) -> None:
-        """Update number ``steps`` happened: publish if it is the ``every``-th."""
+        """Update number ``steps`` happened: publish if it is the ``every``-th (or ``seconds`` have passed)."""
         self._calls += 1
         if self._pending and self._event.query():
             self._write()
-        if self._calls % self.every == 0:
+        due = self._clock() - self._last >= self.seconds if self.seconds else self._calls % self.every == 0
+        if due:
             self.publish(steps, wait=False)
 
     def publish(self, steps: int, wait: bool = True) -> None:
         """Publish the weights after ``steps`` updates now: from the CPU at once; from a GPU
         the copy is issued and written when complete (at once with ``wait``, else later)."""
+        self._last = self._clock()
         if not self._cuda:
             self._record(self.store.publish(self.model), steps)
             return

@@ -203,3 +203,14 @@ def test_top_draws_the_live_view_under_the_progress_lines(tmp_path):
         assert wait_until(lambda: "exited 0" in tmux.pane(), 240, 0.2), tmux.pane()
         assert "program 'impala'" in tmux.pane() and "ended" in tmux.pane(), tmux.pane()
         assert tmux.cursor_shown()  # the view gave the terminal back
+
+
+def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
+    from bench.impala_cli import summary
+
+    args = impala.parse_args(["--publish-seconds", "0.5"])
+    assert args.publish_seconds == 0.5 and "weights published every 0.5 s" in summary(args)
+    assert "weights published every 1 update(s)" in summary(impala.parse_args([]))
+    with pytest.raises(SystemExit):
+        impala.parse_args(["--publish-seconds", "-1"])
+    assert "--publish-seconds must be >= 0, got -1.0" in capsys.readouterr().err

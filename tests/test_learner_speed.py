@@ -268,3 +268,26 @@ def test_policy_lag_counts_updates_between_acting_and_learning(ring):
         assert (s.policy_lag_batches, s.policy_lag_sum) == (6, sum(expected))
     finally:
         store.close()
+
+
+def test_weights_can_be_published_every_s_seconds_instead(shm_leak_check):
+    now = [0.0]
+    model = make_model("mlp", OBS, A)
+    store = WeightStore.create(model)
+    try:
+        publisher = WeightPublisher(model, store, every=3, seconds=1.0, clock=lambda: now[0])
+        published = []
+        for step, t in enumerate([0.2, 0.5, 1.1, 1.5, 2.05, 2.2, 2.9], start=1):
+            now[0] = t
+            version = store.version
+            publisher(step)
+            if store.version != version:
+                published.append(step)
+    finally:
+        store.close()
+    assert published == [3, 6]  # the first update a second after the last publish; every=3 no longer counts
+    for bad in (-1.0, float("nan"), "1"):
+        with pytest.raises(ValueError, match=r"publish_seconds must be a number >= 0 \(0: every 3 update\(s\)\), got"):
+            WeightPublisher(make_model("mlp", OBS, A), None, every=3, seconds=bad)
+    with pytest.raises(ValueError, match=r"publish_seconds must be >= 0 \(0: every publish_every updates\), got -1"):
+        LearnerConfig(publish_seconds=-1).check()
