@@ -56,10 +56,12 @@ it is published, whoever later takes it. Producers write no counter at all.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 from numba import njit
 
+from shmpad.ringbuf import ring as _ring
 from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed, store_release
 from shmpad.ringbuf.layout import (
     CAPACITY,
@@ -476,6 +478,26 @@ class MPMCRing(ByteRing):
     SLOT_WORDS_PER_SLOT = WORDS_PER_LINE
     RELEASES_IN_ORDER = False
     kernels = Kernels.of(globals())
+
+    def get_bytes(self, timeout: float | None = None) -> bytes:
+        # ByteRing.get_bytes less the read-ahead an MPMC ring does not keep, inline
+        r = self._peek(self._ctl, _ring._pid)
+        if r < 0:
+            r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
+        slot = r >> 32
+        off = self._slots_abs + slot * self._stride
+        data = self._mm[off : off + (r & 0xFFFFFFFF)]
+        self._release(self._ctl, slot, 1)
+        return data
+
+    def get_into(self, out: Any, timeout: float | None = None) -> int:
+        # ByteRing.get_into less what an MPMC ring never needs (a read-ahead to hand
+        # back, views that must be released first): most of a call's cost is Python's
+        buf = self._into_buf if out is self._into_out else self._into(out)
+        r = self._take_into(self._ctl, buf, _ring._pid)
+        if r < 0:
+            r = self._take_into_waiting(r, buf, timeout)
+        return r
 
     def _traffic(self) -> tuple[int, int, int, int]:
         puts, gets, bytes_put, bytes_got = _traffic(self._ctl)
