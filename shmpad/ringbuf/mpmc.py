@@ -62,6 +62,7 @@ import numpy as np
 from numba import njit
 
 from shmpad.ringbuf import ring as _ring
+from shmpad.ringbuf.args import fast_entry
 from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed, store_release
 from shmpad.ringbuf.layout import (
     CAPACITY,
@@ -91,6 +92,11 @@ __all__ = ["MPMCRing", "pid_alive"]
 FREE, WRITING, READY, READING = 0, 1, 2, 3
 _LENGTH, _GOT, _GOT_BYTES = 1, 2, 3  # words of a slot's line after its state word
 LAP_MASK = 0x7FFFFFFF
+# _take_small's flag: the message did not fit, its slot is still claimed.
+HELD = 1 << 62
+# get_bytes copies messages up to this size out in the call that takes them (the
+# ring's one copy, then bytes() of it) and larger ones straight from their slot.
+SMALL = 4096
 # The most slots in a refill batch (see Waking); libzmq's pipes resume a writer
 # after a reader took at most 1024 messages too.
 REFILL_MAX = 1024
@@ -365,6 +371,22 @@ def _take_into(ctl, out, pid):
 
 
 @njit(nogil=True, cache=True)
+def _take_small(ctl, out, pid):
+    """Take the next message: if it fits ``out``, copy it there and free its slot: its
+    length; else keep the slot claimed: ``HELD | slot << 32 | length``; or a code."""
+    r = _peek(ctl, pid)
+    if r < 0:
+        return r
+    i = r >> 32
+    n = r & 0xFFFFFFFF
+    if n > len(out):
+        return HELD | r
+    copy_bytes(out, 0, ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], n)
+    _release(ctl, i, 1)
+    return n
+
+
+@njit(nogil=True, cache=True)
 def _watch_write(ctl, pid):
     """(-1, 0) if a claim for writing could go ahead (or closed); else a state word and
     its value to wait on: that of the last slot of HEAD's refill batch, whose release
@@ -479,16 +501,32 @@ class MPMCRing(ByteRing):
     RELEASES_IN_ORDER = False
     kernels = Kernels.of(globals())
 
+    def __init__(self, segment):
+        super().__init__(segment)
+        self._small = np.empty(min(self.slot_size, SMALL), np.uint8)
+        self._small_view = memoryview(self._small)
+        self._take_small = fast_entry(_take_small, self._ctl, self._small, 0)
+
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        # ByteRing.get_bytes less the read-ahead an MPMC ring does not keep, inline
-        r = self._peek(self._ctl, _ring._pid)
+        # one call into compiled code where the message is small: it is copied out and
+        # its slot freed in the call (peek, then release: 1.3x the time for 64 B)
+        r = self._take_small(self._ctl, self._small, _ring._pid)
         if r < 0:
-            r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
-        slot = r >> 32
-        off = self._slots_abs + slot * self._stride
-        data = self._mm[off : off + (r & 0xFFFFFFFF)]
-        self._release(self._ctl, slot, 1)
-        return data
+            r = self._retry(r, self._take_small_once, True, timeout, "get_bytes", None)
+        if r < HELD:
+            return self._small_view[:r].tobytes()
+        return self._copy_out(r ^ HELD)
+
+    def get_bytes_nowait(self) -> bytes:
+        r = self._take_small(self._ctl, self._small, _ring._pid)
+        if r < 0:
+            self._raise_empty(r)
+        if r < HELD:
+            return self._small_view[:r].tobytes()
+        return self._copy_out(r ^ HELD)
+
+    def _take_small_once(self) -> int:
+        return self._take_small(self._ctl, self._small, _ring._pid)
 
     def get_into(self, out: Any, timeout: float | None = None) -> int:
         # ByteRing.get_into less what an MPMC ring never needs (a read-ahead to hand
