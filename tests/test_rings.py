@@ -18,7 +18,7 @@ import pytest
 from ring_workers import drain, make_ring, ring_cls  # noqa: F401 - fixtures
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
-from shmpad.ringbuf import MPMCRing, SPSCRing
+from shmpad.ringbuf import MPMCRing, SPSCRing, mpmc
 
 BYTES_LIKE = r"a message must be bytes-like \(bytes, bytearray, memoryview, numpy array\), got "
 
@@ -91,6 +91,22 @@ def test_empty_messages_round_trip(make_ring):
     ring.commit()
     assert [bytes(ring.get()) for _ in range(4)] == [b""] * 4
     ring.release()
+
+
+def test_get_bytes_copies_small_and_large_messages_whole_and_frees_their_slots(make_ring):
+    """MPMC copies a message of up to mpmc.SMALL bytes out in the call that takes it and a
+    larger one straight from its slot; either way the slot is free afterwards."""
+    sizes = [0, 1, mpmc.SMALL - 1, mpmc.SMALL, mpmc.SMALL + 1, 3 * mpmc.SMALL]
+    ring = make_ring(capacity=2, slot_size=3 * mpmc.SMALL)
+    for size in sizes:
+        message = bytes((size + k) % 251 for k in range(size))
+        for get in (ring.get_bytes, ring.get_bytes_nowait):
+            ring.put_nowait(message)
+            ring.put_nowait(message)
+            assert get() == message and get() == message
+            assert ring.statistics().size == 0
+    ring.put_many_nowait([b"a", b"b"])  # every slot free again
+    assert [ring.get_bytes(), ring.get_bytes()] == [b"a", b"b"]
 
 
 @pytest.mark.parametrize(

@@ -211,8 +211,12 @@ class ByteRing(Blocking):
             data = as_u8(data)
             r = self._put_any(self._ctl, data, _pid)
         if r != 0:
-            put = self.kernels.put
-            self._retry(r, lambda: put(self._ctl, data, _pid), False, timeout, "put", data)
+            self._put_waiting(r, data, timeout)
+
+    def _put_waiting(self, r: int, data: Any, timeout: float | None) -> None:
+        # put's slow path, a function of its own: the closure would cost every put its cells
+        put = self.kernels.put
+        self._retry(r, lambda: put(self._ctl, data, _pid), False, timeout, "put", data)
 
     def put_nowait(self, data: Any) -> None:
         """``put`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
@@ -355,22 +359,28 @@ class ByteRing(Blocking):
         """Copy the next message into ``out`` (a writable bytes-like object of at
         least ``slot_size`` bytes) and free its slot, in one call into compiled code;
         returns the message's length. No allocation: the fast copying read."""
-        if out is self._into_out:
-            buf = self._into_buf
-        else:
-            buf = self._into_buf = self._into_buffer(out)
-            self._into_out = out
+        buf = self._into_buf if out is self._into_out else self._into(out)
         self._drop_cache()
         if self._held and self.RELEASES_IN_ORDER:
             view = self._get_view(timeout, "get_into")
             n = len(view)
             buf[:n] = np.frombuffer(view, dtype=np.uint8)
             return n
-        take_into = self.kernels.take_into
         r = self._take_into(self._ctl, buf, _pid)
         if r < 0:
-            r = self._retry(r, lambda: take_into(self._ctl, buf, _pid), True, timeout, "get_into", None)
+            r = self._take_into_waiting(r, buf, timeout)
         return r
+
+    def _take_into_waiting(self, r: int, buf: np.ndarray, timeout: float | None) -> int:
+        # get_into's slow path, a function of its own: the closure would cost every call its cells
+        take_into = self.kernels.take_into
+        return self._retry(r, lambda: take_into(self._ctl, buf, _pid), True, timeout, "get_into", None)
+
+    def _into(self, out: Any) -> np.ndarray:
+        """``out`` checked and viewed as bytes, kept for the next call with the same ``out``."""
+        self._into_buf = buf = self._into_buffer(out)
+        self._into_out = out
+        return buf
 
     def _into_buffer(self, out: Any) -> np.ndarray:
         if isinstance(out, np.ndarray) and not out.flags.c_contiguous:

@@ -29,7 +29,16 @@ from numba import njit, types
 
 from shmpad.ringbuf.atomics import fence_seq_cst, fetch_add, load_acquire, load_relaxed, word_address
 
-__all__ = ["prepare_wait", "sleep", "finish_wait", "notify", "notify_always", "futex_wait", "futex_wake"]
+__all__ = [
+    "prepare_wait",
+    "sleep",
+    "finish_wait",
+    "notify",
+    "notify_always",
+    "sleepers",
+    "futex_wait",
+    "futex_wake",
+]
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
 if _SYS_FUTEX is None:
@@ -91,16 +100,23 @@ def finish_wait(words, ev):
 
 
 @njit(nogil=True, cache=True)
+def sleepers(words, ev):
+    """How many waiters the event at ``ev`` has; call after publishing. A notifier that
+    wakes only some of the times it could (``mpmc.py``'s refill batches) decides on this."""
+    fence_seq_cst()  # pairs with the fence in prepare_wait(): orders our publish before this load
+    return load_relaxed(words, ev + 1)
+
+
+@njit(nogil=True, cache=True)
 def notify(words, ev):
     """Wake the sleepers of the event at ``ev``, if any. Call after publishing."""
-    fence_seq_cst()  # pairs with the fence in prepare_wait(): orders our publish before this load
-    if load_relaxed(words, ev + 1) > 0:
-        fetch_add(words, ev, 1)
-        futex_wake(words, ev)
+    if sleepers(words, ev) > 0:
+        notify_always(words, ev)
 
 
 @njit(nogil=True, cache=True)
 def notify_always(words, ev):
-    """Bump ``seq`` and wake everyone, whether or not a sleeper was seen (close)."""
+    """Bump ``seq`` and wake everyone, whether or not a sleeper was seen (close; or
+    after ``sleepers``)."""
     fetch_add(words, ev, 1)
     futex_wake(words, ev)
