@@ -20,7 +20,7 @@ steps/s, the mean true return of the last 100 episodes, how full the trajectory 
 and the share of time the learner waited for data. ``--out`` (default: a new
 ``runs/<env>-<date>-<time>``) gets ``config.json``, ``log.csv``, ``curve.png`` and
 ``checkpoint.pt``; a run never writes into another run's folder. For a full Atari run use ``--total-frames 50_000_000``
-(or more), ``--model deep``, ``--full-action-space`` and as many actors and workers
+(or more), ``--model deep --last-action-reward --full-action-space`` and as many actors and workers
 as the machine has cores; ``--device cuda`` puts inference and the learner on a GPU.
 """
 

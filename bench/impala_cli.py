@@ -135,7 +135,8 @@ def advice(args: Any) -> str | None:
     if family == "atari" and args.total_frames < 10_000_000:
         return (
             f"That was a smoke test ({args.total_frames:,} frames), not training: Atari games need 10M-50M frames. "
-            "For a full run: --total-frames 50_000_000 --model deep --full-action-space, --num-actors/--num-workers "
+            "For a full run: --total-frames 50_000_000 --model deep --last-action-reward --full-action-space, "
+            "--num-actors/--num-workers "
             "to fill the machine's cores, and --device cuda if there is a GPU."
         )
     target = FAMILY_DEFAULTS.get(family, {}).get("total_frames")
