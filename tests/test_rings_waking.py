@@ -17,7 +17,7 @@ import pytest
 from helpers import Forked
 from numba import njit
 
-from shmpad.ringbuf import MPMCRing, mpmc
+from shmpad.ringbuf import MPMCRing, mpmc, mpmc_slots
 from shmpad.ringbuf.atomics import load_acquire
 from shmpad.ringbuf.layout import EV_NOT_FULL
 from shmpad.ringbuf.wait import finish_wait, prepare_wait
@@ -59,8 +59,8 @@ def asleep_for_space(ring: MPMCRing) -> Iterator[Callable[[], int]]:
 
 @pytest.mark.parametrize("capacity, batch", [(1, 1), (3, 1), (4, 2), (8, 4), (9, 4), (4096, 1024), (5000, 1024)])
 def test_refill_batches_are_half_the_ring_and_at_most_1024_slots(capacity, batch):
-    assert mpmc._refill(capacity) == batch
-    ends = [i for i in range(capacity) if mpmc._batch_end(capacity, i) == i]
+    assert mpmc_slots._refill(capacity) == batch
+    ends = [i for i in range(capacity) if mpmc_slots._batch_end(capacity, i) == i]
     assert ends == sorted({min(b + batch - 1, capacity - 1) for b in range(0, capacity, batch)})
 
 

@@ -32,7 +32,7 @@ Liveness is checked from Python (``_recover``), only after a waiter slept a whol
 chunk without progress, so the fast paths carry no system call.
 
 Waking: a producer that finds the ring full waits for a refill batch of slots to be
-free, not for one. The slots fall into batches of ``_refill(capacity)`` (half the
+free, not for one. The slots fall into batches of ``mpmc_slots._refill(capacity)`` (half the
 ring, at most REFILL_MAX; 1 below 4 slots), and a release wakes the producers asleep on
 EV_NOT_FULL only when it frees the last slot of a batch, or finds the slot after the
 ones it freed free already (a consumer that released out of order: without this, its
@@ -55,7 +55,6 @@ it is published, whoever later takes it. Producers write no counter at all.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -63,12 +62,11 @@ from numba import njit
 
 from shmpad.ringbuf import ring as _ring
 from shmpad.ringbuf.args import fast_entry
-from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.ringbuf.atomics import cas, load_acquire, load_relaxed, store_relaxed, store_release
 from shmpad.ringbuf.layout import (
     CAPACITY,
     CLOSED,
     CLOSED_CODE,
-    DEAD_CLAIMS,
     EMPTY,
     EV_NOT_EMPTY,
     EV_NOT_FULL,
@@ -76,7 +74,6 @@ from shmpad.ringbuf.layout import (
     HEAD,
     IN_PROGRESS,
     SLOT_SIZE,
-    SLOT_WORDS,
     SLOTS,
     STRIDE,
     TAIL,
@@ -84,44 +81,35 @@ from shmpad.ringbuf.layout import (
     WORDS_PER_LINE,
 )
 from shmpad.ringbuf.memcopy import copy_bytes
+from shmpad.ringbuf.mpmc_slots import (
+    FREE,
+    LAP_MASK,
+    PID_MASK,
+    READING,
+    READY,
+    WRITING,
+    _batch_end,
+    _drop_claim,
+    _lap,
+    _pack,
+    _phase,
+    _refilled,
+    _state_word,
+    _stuck,
+    pid_alive,
+)
 from shmpad.ringbuf.ring import ByteRing, Kernels, current_pid
 from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.wait import notify, notify_always, sleepers
 
 __all__ = ["MPMCRing", "pid_alive"]
 
-FREE, WRITING, READY, READING = 0, 1, 2, 3
 _LENGTH, _GOT, _GOT_BYTES = 1, 2, 3  # words of a slot's line after its state word
-LAP_MASK = 0x7FFFFFFF
 # _take_small's flag: the message did not fit, its slot is still claimed.
 HELD = 1 << 62
 # get_bytes copies messages up to this size out in the call that takes them (the
 # ring's one copy, then bytes() of it) and larger ones straight from their slot.
 SMALL = 4096
-# The most slots in a refill batch (see Waking); libzmq's pipes resume a writer
-# after a reader took at most 1024 messages too.
-REFILL_MAX = 1024
-PID_MASK = (1 << 30) - 1
-
-
-@njit(nogil=True, cache=True)
-def _pack(lap, phase, pid):
-    return ((lap & LAP_MASK) << 32) | (phase << 30) | (pid & PID_MASK)
-
-
-@njit(nogil=True, cache=True)
-def _lap(s):
-    return (s >> 32) & LAP_MASK
-
-
-@njit(nogil=True, cache=True)
-def _phase(s):
-    return (s >> 30) & 3
-
-
-@njit(nogil=True, cache=True)
-def _state_word(ctl, i):
-    return ctl[SLOT_WORDS] + i * WORDS_PER_LINE
 
 
 @njit(nogil=True, cache=True)
@@ -336,29 +324,6 @@ def _release(ctl, i, k):
 
 
 @njit(nogil=True, cache=True)
-def _refill(cap):
-    """Slots in a refill batch (see Waking)."""
-    return max(1, min(cap // 2, REFILL_MAX))
-
-
-@njit(nogil=True, cache=True)
-def _batch_end(cap, i):
-    """The last slot of the refill batch that slot ``i`` is in."""
-    batch = _refill(cap)
-    return min((i // batch + 1) * batch - 1, cap - 1)
-
-
-@njit(nogil=True, cache=True)
-def _refilled(ctl, i, k, lap):
-    """Whether freeing the slots [i, i + k) for ``lap`` ends a refill batch, or finds the
-    slot after them free already (a consumer released out of order; see Waking)."""
-    cap = ctl[CAPACITY]
-    if _batch_end(cap, i) < i + k:
-        return True
-    return load_relaxed(ctl, _state_word(ctl, i + k)) == _pack(lap, FREE, 0)
-
-
-@njit(nogil=True, cache=True)
 def _take_into(ctl, out, pid):
     """Take the next message, copy it into ``out`` and free its slot: its length, or a code."""
     r = _peek(ctl, pid)
@@ -441,53 +406,6 @@ def _watch_read(ctl, pid):
             return -1, 0
         return sw, s  # the previous lap's message is still held: wait for its release
     return -1, 0  # TAIL is stale: claiming will move it
-
-
-@njit(nogil=True, cache=True)
-def _stuck(ctl, which):
-    """The pid holding up HEAD (which=0: a reader of the previous lap) or TAIL (which=1:
-    a writer of this lap), with the state word it is in; (0, 0) when nothing is."""
-    cap = ctl[CAPACITY]
-    pos = load_acquire(ctl, TAIL if which else HEAD)
-    lap = pos // cap
-    s = load_acquire(ctl, _state_word(ctl, pos % cap))
-    if which == 1 and _lap(s) == lap & LAP_MASK and _phase(s) == WRITING:
-        return s & PID_MASK, s
-    if which == 0 and _lap(s) == (lap - 1) & LAP_MASK and _phase(s) == READING:
-        return s & PID_MASK, s
-    return 0, 0
-
-
-@njit(nogil=True, cache=True)
-def _drop_claim(ctl, which, s):
-    """Free the slot whose state is still exactly ``s`` (a dead claimant's); True if done."""
-    cap = ctl[CAPACITY]
-    pos = load_acquire(ctl, TAIL if which else HEAD)
-    sw = _state_word(ctl, pos % cap)
-    if cas(ctl, sw, s, _pack(_lap(s) + 1, FREE, 0)) != s:
-        return False
-    if which == 1:
-        cas(ctl, TAIL, pos, pos + 1)
-    fetch_add(ctl, DEAD_CLAIMS, 1)
-    notify(ctl, EV_NOT_FULL)
-    notify(ctl, EV_NOT_EMPTY)
-    return True
-
-
-def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 class MPMCRing(ByteRing):
