@@ -63,6 +63,7 @@ from numba import njit
 from shmpad.ringbuf import ring as _ring
 from shmpad.ringbuf.args import fast_entry
 from shmpad.ringbuf.atomics import cas, load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.ringbuf.kernels import Kernels
 from shmpad.ringbuf.layout import (
     CAPACITY,
     CLOSED,
@@ -98,7 +99,7 @@ from shmpad.ringbuf.mpmc_slots import (
     _stuck,
     pid_alive,
 )
-from shmpad.ringbuf.ring import ByteRing, Kernels, current_pid
+from shmpad.ringbuf.ring import ByteRing, current_pid
 from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.wait import notify, notify_always, sleepers
 

@@ -10,7 +10,7 @@ the calling process, and return a result >= 0 or a code from ``layout.py``.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, ClassVar, NamedTuple, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 from numba import njit
@@ -20,6 +20,7 @@ from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, now
 from shmpad.ringbuf.atomics import load_acquire, store_release
 from shmpad.ringbuf.batch import MessageBatch
 from shmpad.ringbuf.blocking import Blocking
+from shmpad.ringbuf.kernels import Kernels
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
     BYTES_PUT,
@@ -66,27 +67,6 @@ os.register_at_fork(after_in_child=_after_fork)
 def current_pid() -> int:
     """This process's pid, kept current across fork without a system call."""
     return _pid
-
-
-class Kernels(NamedTuple):
-    """The compiled operations a ring kind provides (see each kind's module)."""
-
-    put: Callable
-    put_rows: Callable
-    put_packed: Callable
-    reserve: Callable
-    commit: Callable
-    peek: Callable
-    peek_many: Callable
-    take_into: Callable
-    release: Callable
-    watch_write: Callable
-    watch_read: Callable
-
-    @classmethod
-    def of(cls, namespace: dict[str, Any]) -> Kernels:
-        """A kind's kernels: the functions ``_put``, ``_put_rows``... its module defines."""
-        return cls(**{field: namespace["_" + field] for field in cls._fields})
 
 
 @njit(nogil=True, cache=True)

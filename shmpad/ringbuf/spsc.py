@@ -27,6 +27,7 @@ from numba import njit
 from shmpad.ringbuf import ring as _ring
 from shmpad.ringbuf.args import fast_entry
 from shmpad.ringbuf.atomics import load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.ringbuf.kernels import Kernels
 from shmpad.ringbuf.layout import (
     BYTES_GOT,
     BYTES_PUT,
@@ -52,7 +53,7 @@ from shmpad.ringbuf.layout import (
     TOO_BIG,
 )
 from shmpad.ringbuf.memcopy import copy_bytes
-from shmpad.ringbuf.ring import ByteRing, Kernels
+from shmpad.ringbuf.ring import ByteRing
 from shmpad.ringbuf.wait import notify
 
 __all__ = ["SPSCRing"]
