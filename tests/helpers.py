@@ -382,6 +382,13 @@ class Tmux:
             [*self._tmux, "capture-pane", "-p", "-t", self.session], capture_output=True, text=True
         ).stdout
 
+    def above_and_in_view(self) -> tuple[list[str], list[str]] | None:
+        """The pane's lines above the live view of ``shmpad.top`` and from its header on;
+        None while no view is drawn."""
+        lines = self.pane().splitlines()
+        view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
+        return None if view is None else (lines[:view], lines[view:])
+
     def send_keys(self, *keys: str) -> None:
         self.run("send-keys", "-t", self.session, *keys)
 

@@ -190,13 +190,14 @@ def test_top_draws_the_live_view_under_the_progress_lines(tmp_path):
     with Tmux("run", command, ROOT, width=200, height=50) as tmux:
 
         def view_under_progress() -> bool:
-            lines = tmux.pane().splitlines()
-            view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
+            split = tmux.above_and_in_view()
+            if split is None:
+                return False
+            above, view = split
             return (
-                view is not None
-                and any(ln.startswith("[learner/0] frames") for ln in lines[:view])
-                and any(ln.strip().startswith("learner/0") for ln in lines[view:])
-                and "trajectories" in "\n".join(lines[view:])
+                any(ln.startswith("[learner/0] frames") for ln in above)
+                and any(ln.strip().startswith("learner/0") for ln in view)
+                and "trajectories" in "\n".join(view)
             )
 
         assert wait_until(view_under_progress, 240, 0.2), tmux.pane()

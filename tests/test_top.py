@@ -447,13 +447,11 @@ def test_launch_with_top_draws_the_view_under_the_scrolling_output_until_ctrl_c(
         assert wait_until(lambda: all(w in tmux.pane() for w in wanted), DEADLINE_S, 0.1), tmux.pane()
 
         def output_above_view() -> bool:
-            lines = tmux.pane().splitlines()
-            view = next((i for i, ln in enumerate(lines) if ln.startswith("shmpad top")), None)
-            return (
-                view is not None
-                and any(ln.startswith("[talker/0] tick") for ln in lines[:view])
-                and not any("tick" in ln for ln in lines[view:])
-            )
+            split = tmux.above_and_in_view()
+            if split is None:
+                return False
+            above, view = split
+            return any(ln.startswith("[talker/0] tick") for ln in above) and not any("tick" in ln for ln in view)
 
         # (polled: a capture may fall in the middle of a redraw)
         assert wait_until(output_above_view, DEADLINE_S, 0.1), tmux.pane()
