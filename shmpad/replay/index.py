@@ -269,23 +269,30 @@ def commit(t, slot, priority, exponent, max_times):
 
 
 @njit(nogil=True, cache=True)
+def draw(t, sampler, u, max_times, i, slots, keys, probs, prios, times_out):
+    """Choose one item with uniform ``u`` into row ``i`` of the out arrays and count the
+    sample (an item sampled its ``max_times``-th time is deleted)."""
+    ctl, state, owner, key, times, prio, prev, nxt, free, inflight, count_t, sum_t, min_t, max_t = t
+    slot, p = _select(t, sampler, u)
+    slots[i] = slot
+    keys[i] = key[slot]
+    probs[i] = p
+    prios[i] = prio[slot]
+    times[slot] += 1
+    times_out[i] = times[slot]
+    ctl[SAMPLES] += 1
+    if max_times > 0:
+        ctl[LEFT] -= 1
+        if times[slot] >= max_times:
+            _remove(t, slot, max_times)
+
+
+@njit(nogil=True, cache=True)
 def sample(t, sampler, uniforms, max_times, slots, keys, probs, prios, times_out):
     """Choose ``len(uniforms)`` items one after another (an item sampled its
     ``max_times``-th time is deleted before the next choice); fills the out arrays."""
-    ctl, state, owner, key, times, prio, prev, nxt, free, inflight, count_t, sum_t, min_t, max_t = t
-    for b in range(uniforms.shape[0]):
-        slot, p = _select(t, sampler, uniforms[b])
-        slots[b] = slot
-        keys[b] = key[slot]
-        probs[b] = p
-        prios[b] = prio[slot]
-        times[slot] += 1
-        times_out[b] = times[slot]
-        ctl[SAMPLES] += 1
-        if max_times > 0:
-            ctl[LEFT] -= 1
-        if max_times > 0 and times[slot] >= max_times:
-            _remove(t, slot, max_times)
+    for i in range(uniforms.shape[0]):
+        draw(t, sampler, uniforms[i], max_times, i, slots, keys, probs, prios, times_out)
 
 
 @njit(nogil=True, cache=True)

@@ -3,8 +3,9 @@
 Why a lock and not lock-free: one insert or sample changes several structures at once
 (up to four trees, a linked list, the free stack and the rate limiter's counters) that
 must agree, and a lock-free version of that is a research project. The lock guards only
-that bookkeeping (microseconds of compiled code) and the gather of a sample's rows; an
-inserter copies its item's bytes outside it, into a slot nobody else can see.
+that bookkeeping (microseconds of compiled code); an inserter copies its item's bytes
+outside it, into a slot nobody else can see, and a sampler gathers its rows outside it
+and then checks that they were not evicted meanwhile (``paths.sample_and_gather``).
 
 The lock word holds the holder's pid (0: free)::
 

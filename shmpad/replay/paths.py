@@ -20,12 +20,14 @@ from numba import njit
 from shmpad.replay import index
 from shmpad.replay.index import EV_CHANGED
 from shmpad.replay.lock import _release, _try
+from shmpad.ringbuf.atomics import fence_acquire, fence_release, load_relaxed
 from shmpad.ringbuf.memcopy import copy_bytes
 from shmpad.ringbuf.wait import notify
 
-__all__ = ["BUSY", "reserve_and_copy", "publish", "sample_and_gather"]
+__all__ = ["BUSY", "TORN", "reserve_and_copy", "publish", "sample_and_gather", "redraw"]
 
 BUSY = -3
+TORN = -4
 
 
 @njit(nogil=True, cache=True)
@@ -37,6 +39,7 @@ def reserve_and_copy(t, limits, remover, u, pid, max_times, spins, have_lock, ro
         return BUSY
     slot = index.reserve(t, limits, remover, u, pid, max_times)
     _release(ctl)
+    fence_release()  # the slot's WRITING state before its new bytes: a seqlock's write side
     if slot >= 0:
         for f in range(len(rows)):
             n = row_bytes[f]
@@ -54,6 +57,31 @@ def publish(t, slot, priority, exponent, max_times, pid, spins, have_lock):
     _release(ctl)
     notify(ctl, EV_CHANGED)
     return key
+
+
+@njit(nogil=True, cache=True)
+def _gather(rows, row_bytes, dst, slots):
+    """Copy the rows of ``slots`` into ``dst``, skipping rows marked -1."""
+    for f in range(len(rows)):
+        n = row_bytes[f]
+        for i in range(slots.shape[0]):
+            if slots[i] >= 0:
+                copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
+
+
+@njit(nogil=True, cache=True)
+def _mark_torn(t, slots, keys):
+    """After a gather outside the lock: mark -1 the row of every item that was evicted
+    (its slot WRITING, or READY with another key) while it was copied; how many."""
+    state, key = t[1], t[3]
+    fence_acquire()  # the gather's loads complete before the checks (a seqlock's read side)
+    torn = 0
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if load_relaxed(state, s) != index.READY or load_relaxed(key, s) != keys[i]:
+            slots[i] = -1
+            torn += 1
+    return torn
 
 
 @njit(nogil=True, cache=True)
@@ -77,7 +105,12 @@ def sample_and_gather(
 ):
     """If the rate limiter lets a batch through: choose it (``index.sample``), gather its
     rows into ``dst`` and return the table's size before it (> 0); 0 if not let through;
-    BUSY."""
+    BUSY; or TORN when rows must be drawn again (``redraw``).
+
+    Without ``max_times`` the rows are gathered after the lock is released, so that
+    samplers copy side by side, and checked afterwards: a row whose item an insert
+    evicted meanwhile is marked -1 in ``slots`` and TORN returned. With ``max_times``
+    they are gathered under the lock, since the sample itself may free their slots."""
     ctl = t[0]
     if not have_lock and _try(ctl, pid, spins) != 0:
         return BUSY
@@ -87,10 +120,46 @@ def sample_and_gather(
         return 0
     size = ctl[index.SIZE]
     index.sample(t, sampler, uniforms, max_times, slots, keys, probs, prios, times)
-    for f in range(len(rows)):
-        n = row_bytes[f]
-        for i in range(b):
-            copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
+    if max_times > 0:
+        _gather(rows, row_bytes, dst, slots)
+    _release(ctl)
+    notify(ctl, EV_CHANGED)
+    if max_times == 0:
+        _gather(rows, row_bytes, dst, slots)
+        if _mark_torn(t, slots, keys) > 0:
+            return TORN
+    return size
+
+
+@njit(nogil=True, cache=True)
+def redraw(t, sampler, uniforms, pid, spins, have_lock, rows, row_bytes, dst, slots, keys, probs, prios, times):
+    """Draw again, under the lock, every row that ``sample_and_gather`` marked -1 (its
+    draw is uncounted, a fresh one counted; ``uniforms`` are fresh) and gather it; the
+    table's size, BUSY, or 0 when the table is empty now: then the whole batch is
+    uncounted and must be sampled again."""
+    ctl = t[0]
+    if not have_lock and _try(ctl, pid, spins) != 0:
+        return BUSY
+    size = ctl[index.SIZE]
+    for i in range(slots.shape[0]):
+        if slots[i] < 0:
+            ctl[index.SAMPLES] -= 1
+    if size == 0:  # the last item was evicted: hand every draw back
+        state, key, times_of = t[1], t[3], t[4]
+        for i in range(slots.shape[0]):
+            s = slots[i]
+            if s >= 0:
+                ctl[index.SAMPLES] -= 1
+                if state[s] == index.READY and key[s] == keys[i]:
+                    times_of[s] -= 1
+        _release(ctl)
+        return 0
+    for i in range(slots.shape[0]):
+        if slots[i] < 0:
+            index.draw(t, sampler, uniforms[i], 0, i, slots, keys, probs, prios, times)
+            for f in range(len(rows)):
+                n = row_bytes[f]
+                copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
     _release(ctl)
     notify(ctl, EV_CHANGED)
     return size

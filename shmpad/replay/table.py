@@ -15,8 +15,12 @@ the selectors, the rate limiter and every offset below)::
 
 An insert takes the lock to reserve a slot (evicting the remover's choice from a full
 table), copies the item into it without the lock (nobody can see a WRITING slot), and
-takes the lock again to publish it. A sample takes the lock, chooses its items and
-gathers their rows into fresh arrays. So a reader sees whole items only: an inserter
+takes the lock again to publish it. A sample takes the lock to choose its items and count
+the draws, and gathers their rows into fresh arrays after releasing it, so that samplers
+copy side by side; it then checks, seqlock-style, that no insert evicted an item while it
+was copied (its slot is still READY with the same key), and draws any such row again
+under the lock (``paths.redraw``). With ``max_times_sampled`` a sample may free the
+slots it draws, so it gathers under the lock. So a reader sees whole items only: an inserter
 killed mid-copy leaves a WRITING slot that is never shown and is freed once its death
 is noticed (when a slot or an insert is waited for); a process killed holding the lock
 is replaced by the next waiter, which rebuilds the index (``lock.py``).
@@ -416,18 +420,25 @@ class Table:
         tail = (self.max_times_sampled, pid, lock.SPINS)
         rest = (self._rows, self._row_bytes, dst, slots, keys, probs, prios, times)
         size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
-        if size <= 0:
-            until = deadline(timeout)
-            while size <= 0:
-                seq = prepare_wait(ctl, index.EV_CHANGED)
-                try:
+        until = None
+        while size <= 0:
+            if size == paths.TORN:  # items evicted while they were copied: draw those rows again
+                u = self._rng().random(b)
+                size = paths.redraw(t, self.sampler.code, u, pid, lock.SPINS, False, *rest)
+                if size == paths.BUSY:
                     self._lock()
-                    size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
-                    if size == 0:
-                        self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
-                        self._check_open()
-                finally:
-                    finish_wait(ctl, index.EV_CHANGED)
+                    size = paths.redraw(t, self.sampler.code, u, pid, lock.SPINS, True, *rest)
+                continue
+            until = deadline(timeout) if until is None else until
+            seq = prepare_wait(ctl, index.EV_CHANGED)
+            try:
+                self._lock()
+                size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
+                if size == 0:
+                    self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
+                    self._check_open()
+            finally:
+                finish_wait(ctl, index.EV_CHANGED)
         return SampleBatch(_to_torch(out) if torch else out, keys, probs, prios, times, int(size))
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
