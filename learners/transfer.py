@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
 from shmpad.ringbuf import WeightStore
@@ -107,6 +108,11 @@ class BatchStager:
             self._used[i].record(torch.cuda.current_stream(self.device))
 
 
+HISTORY = 4096
+"""how many of its newest versions a ``WeightPublisher`` remembers (actors never act with older weights)"""
+_NO_VERSION = np.iinfo(np.int64).min
+
+
 class WeightPublisher:
     """Publishes ``model`` to ``store`` every ``every`` calls, or with ``seconds > 0`` at the
     first call ``seconds`` after the last publish (see the module docstring); ``clock`` is
@@ -138,8 +144,9 @@ class WeightPublisher:
         self._pending = False
         self._pending_steps = 0
         self.publishes = 0
-        self.steps_at: dict[int, int] = {}
-        """weight-store version -> the learner's update count it holds (the newest versions)"""
+        # the learner's update count each of the newest HISTORY versions holds, at version % HISTORY
+        self._versions = np.full(HISTORY, _NO_VERSION, np.int64)
+        self._steps_at = np.zeros(HISTORY, np.int64)
 
     def __call__(self, steps: int) -> None:
         """Update number ``steps`` happened: publish if it is the ``every``-th (or ``seconds`` have passed)."""
@@ -179,14 +186,20 @@ class WeightPublisher:
 
     def _record(self, version: int, steps: int) -> None:
         self.publishes += 1
-        self.steps_at[version] = steps
-        if len(self.steps_at) > 4096:  # actors never act with weights that old
-            del self.steps_at[min(self.steps_at)]
+        self._versions[version % HISTORY] = version
+        self._steps_at[version % HISTORY] = steps
+
+    def steps_at(self, version: int) -> int | None:
+        """The learner's update count that weight-store ``version`` holds; ``None`` if it
+        is not one of the newest ``HISTORY`` versions this publisher wrote."""
+        i = version % HISTORY
+        return int(self._steps_at[i]) if self._versions[i] == version else None
 
     def lag(self, versions: torch.Tensor, steps: int) -> float | None:
         """Mean updates between the weights that acted (``versions``, CPU) and ``steps``;
         ``None`` if no version is known (a batch from before this learner published)."""
-        values, counts = torch.unique(versions, return_counts=True)
-        pairs = [(steps - self.steps_at[v], n) for v, n in zip(values.tolist(), counts.tolist()) if v in self.steps_at]
-        total = sum(n for _, n in pairs)
-        return sum(lag * n for lag, n in pairs) / total if total else None
+        v = versions.numpy().reshape(-1)
+        i = v % HISTORY
+        known = self._versions[i] == v
+        n = np.count_nonzero(known)
+        return steps - float(self._steps_at[i[known]].sum()) / n if n else None

@@ -17,7 +17,7 @@ import torch
 from bench.impala_plan import make_plan
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
-from learners.transfer import BatchStager, WeightPublisher
+from learners.transfer import HISTORY, BatchStager, WeightPublisher
 from shmpad.ringbuf import TypedRing, WeightStore
 from tests.test_learner import OBS, A, B, T, _fill, _spec
 
@@ -291,3 +291,27 @@ def test_weights_can_be_published_every_s_seconds_instead(shm_leak_check):
             WeightPublisher(make_model("mlp", OBS, A), None, every=3, seconds=bad)
     with pytest.raises(ValueError, match=r"publish_seconds must be >= 0 \(0: every publish_every updates\), got -1"):
         LearnerConfig(publish_seconds=-1).check()
+
+
+def test_the_policy_lag_weighs_each_known_version_by_its_rows_and_forgets_the_oldest(shm_leak_check):
+    model = make_model("mlp", OBS, A)
+    store = WeightStore.create(model)
+    try:
+        publisher = WeightPublisher(model, store)
+        version = {}
+        for steps in (0, 4, 10):
+            publisher.publish(steps)
+            version[steps] = store.version
+        unknown = version[10] + 1000
+        rows = torch.tensor([[version[0], version[4]], [version[10], version[10]], [unknown, -1]])
+        assert publisher.lag(rows, 12) == (12 + 8 + 2 + 2) / 4  # rows of unknown versions are left out
+        assert publisher.lag(torch.tensor([[unknown, -1]]), 12) is None
+        assert publisher.steps_at(version[4]) == 4 and publisher.steps_at(unknown) is None
+
+        for k in range(HISTORY):
+            publisher.publish(100 + k)
+        assert publisher.steps_at(version[0]) is None  # pushed out by the newest HISTORY versions
+        assert publisher.steps_at(store.version) == 100 + HISTORY - 1
+        assert publisher.lag(torch.tensor([version[0], store.version]), 5000) == 5000 - (100 + HISTORY - 1)
+    finally:
+        store.close()
