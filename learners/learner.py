@@ -313,9 +313,11 @@ class Learner:
     def _count_episodes(self, batch: dict[str, torch.Tensor]) -> None:
         """Episodes that ended and the policy lag of a batch (CPU tensors, time-major)."""
         # rows 1..T: row 0 repeats the previous unroll's last row
-        ended = batch["episode_end"][1:].bool()
+        ended, ret = batch["episode_end"][1:], batch["episode_return"][1:]
+        if ended.device.type == "cpu":  # numpy's small operations cost a fraction of torch's
+            ended, ret = ended.numpy(), ret.numpy()
         if ended.any():
-            returns = batch["episode_return"][1:][ended].tolist()
+            returns = ret[ended != 0].tolist()
             self.returns.extend(returns)
             self.new_returns.extend(returns)
             self.episodes += len(returns)
