@@ -11,6 +11,13 @@ releases the lock before it returns.
 Rows travel as bytes: ``rows[f]`` is field f of the table as one flat uint8 array,
 ``row_bytes[f]`` the bytes of one item's field, ``src[f]``/``dst[f]`` an item's or a
 batch's field as flat uint8 arrays; ``copy_bytes`` is one ``memcpy`` per row.
+
+A sample gathers its rows after releasing the lock, as a seqlock reader: an insert that
+reuses a slot marks it WRITING under the lock, then (release fence) writes its bytes,
+and its commit gives the slot a new key (keys are never reused). The sampler copies,
+then (acquire fence) reads each slot's state and key. If any byte it copied came from
+such an insert, the fences make the WRITING mark visible to that read, so the slot is
+no longer READY with the key the sampler chose; the row is drawn again under the lock.
 """
 
 from __future__ import annotations
