@@ -6,11 +6,13 @@ including when they race with the settle."""
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import sys
 import threading
 
 import pytest
 
+import shmpad.rpc.future as future_module
 from shmpad.rpc.future import LAZY, PumpedFuture
 
 
@@ -163,3 +165,25 @@ def test_no_settle_is_lost_when_it_races_with_the_condition(how, switch_often):
             assert not refused[i] and fut.result(timeout=0) == i
     if how == "callback":
         assert called == [1] * n
+
+
+def test_without_the_gil_it_is_a_plain_future(monkeypatch):
+    """A free-threaded Python gets Future's own locking: a second copy of the module,
+    loaded as if the GIL were off, makes futures with their condition."""
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    spec = importlib.util.spec_from_file_location("future_without_gil", future_module.__file__)
+    plain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plain)
+    assert not plain.LAZY
+    fut = plain.PumpedFuture(NoReplies())
+    assert "_condition" in vars(fut)
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(f.result()))
+    fut.set_result(7)
+    assert fut.result() == 7 and seen == [7]
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        fut.set_exception(ValueError("late"))
+    other = plain.PumpedFuture(NoReplies())
+    assert other.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        other.result()

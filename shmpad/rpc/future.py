@@ -26,12 +26,14 @@ first leaves CANCELLED, which Future's settle refuses (``InvalidStateError``) as
 always does. FINISHED is final, so ``result()`` reads a finished future without a
 lock (the result is stored before the state, and both under a lock).
 
-This leans on ``Future``'s private attributes; where they are not the ones known
-here (another Python), ``LAZY`` is False and the future is a plain Future.
+This leans on ``Future``'s private attributes and, for that unlocked read, on the GIL;
+where the attributes are not the ones known here (another Python) or the GIL is off
+(a free-threaded build), ``LAZY`` is False and the future is a plain Future.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
@@ -40,7 +42,7 @@ from typing import Any
 __all__ = ["PumpedFuture", "LAZY"]
 
 _FIELDS = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
-LAZY = set(vars(Future())) == _FIELDS
+LAZY = set(vars(Future())) == _FIELDS and getattr(sys, "_is_gil_enabled", lambda: True)()
 """whether this Python's Future has the attributes the lazy condition replaces"""
 _LAZY = threading.Lock()
 _DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
@@ -114,15 +116,16 @@ class PumpedFuture(Future):
     def result(self, timeout: float | None = None) -> Any:
         if self._state is not FINISHED:
             self._client._pump(self, timeout)
-            if self._state is not FINISHED:
-                return super().result(timeout=0)  # cancelled, or TimeoutError
-        exc = self._exception
-        if exc is None:
-            return self._result
-        try:
-            raise exc
-        finally:
-            del exc, self  # as Future does: no cycle through the traceback
+        if LAZY and self._state is FINISHED:
+            # FINISHED is final and was stored last, under a lock: read without one
+            exc = self._exception
+            if exc is None:
+                return self._result
+            try:
+                raise exc
+            finally:
+                del exc, self  # as Future does: no cycle through the traceback
+        return super().result(timeout=0)  # cancelled, TimeoutError, or without the GIL
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._finished():
