@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import traceback
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as wait_futures
 from typing import Any, Callable
 
@@ -69,6 +69,7 @@ class RpcClient(MethodCalls):
         self._pool: list[SPSCRing] = []
         self._all_rings: list[Any] = []
         self._futures_ring: MPMCRing | None = None
+        self._futures_name: str | None = None  # the ring's name, looked up once: a property
         self._pending: dict[int, tuple[Future, float | None, str]] = {}
         self._reader: threading.Thread | None = None
         self._closed = False
@@ -138,14 +139,14 @@ class RpcClient(MethodCalls):
         fut = PumpedFuture(self)
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         request = self._request or self._connect(deadline, method)
-        ring = self._futures_ring or self._start_futures()
+        reply_to = self._futures_name or self._start_futures().name
         call_id = next(self._ids)
         self._pending[call_id] = (fut, deadline, method)
         if self._pump_idle:
             with self._pump_cond:
                 self._pump_cond.notify()
         try:
-            self._send(request, (call_id, ring.name, method, args, kwargs or {}, time.monotonic_ns()), deadline, method)
+            self._send(request, (call_id, reply_to, method, args, kwargs or {}, time.monotonic_ns()), deadline, method)
         except BaseException as e:
             self._pending.pop(call_id, None)
             fut.set_exception(e)
@@ -253,6 +254,7 @@ class RpcClient(MethodCalls):
                     target=self._background_pump, args=(ring,), name="shmpad-rpc-futures", daemon=True
                 )
                 self._futures_ring = ring
+                self._futures_name = ring.name
                 self._reader.start()
         return self._futures_ring
 
@@ -329,8 +331,11 @@ class RpcClient(MethodCalls):
             value = unpack_reply(ok, data[REPLY.size :])
         except BaseException as e:
             settle(fut, PumpedFuture.set_exception, e)
-        else:
-            settle(fut, PumpedFuture.set_result, value)
+            return
+        try:
+            fut.set_result(value)
+        except InvalidStateError:
+            pass  # the caller cancelled it: the reply has nobody to go to
 
     def _background_pump(self, ring: MPMCRing) -> None:
         cond = self._pump_cond
