@@ -11,6 +11,7 @@ import sys
 import threading
 
 import pytest
+from helpers import FORK, kill_pid, track_pid
 
 import shmpad.rpc.future as future_module
 from shmpad.rpc.future import LAZY, PumpedFuture
@@ -187,3 +188,24 @@ def test_without_the_gil_it_is_a_plain_future(monkeypatch):
     assert other.cancel()
     with pytest.raises(concurrent.futures.CancelledError):
         other.result()
+
+
+def test_a_fork_while_the_lock_is_held_leaves_the_child_its_own():
+    """A thread settling a future at the moment another forks must not leave the
+    child's futures a lock nobody will release."""
+    with future_module._LAZY:
+        proc = FORK.Process(target=_settle_one_and_exit, daemon=True)
+        proc.start()
+    track_pid(proc.pid)
+    proc.join(30)
+    if proc.is_alive():
+        kill_pid(proc.pid)
+        proc.join(10)
+        pytest.fail("the child hung settling a future: the lock held at the fork was inherited")
+    assert proc.exitcode == 0
+
+
+def _settle_one_and_exit() -> None:
+    fut = new()
+    fut.set_result(5)
+    sys.exit(0 if fut.result() == 5 else 1)

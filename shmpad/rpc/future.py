@@ -33,6 +33,7 @@ where the attributes are not the ones known here (another Python) or the GIL is 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from concurrent.futures import Future, InvalidStateError
@@ -45,6 +46,15 @@ _FIELDS = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_c
 LAZY = set(vars(Future())) == _FIELDS and getattr(sys, "_is_gil_enabled", lambda: True)()
 """whether this Python's Future has the attributes the lazy condition replaces"""
 _LAZY = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # another thread may have held the lock at the fork: it would stay held in the child
+    global _LAZY
+    _LAZY = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 _DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
