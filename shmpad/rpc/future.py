@@ -44,7 +44,7 @@ __all__ = ["PumpedFuture", "LAZY"]
 
 _FIELDS = {"_condition", "_state", "_result", "_exception", "_waiters", "_done_callbacks"}
 LAZY = set(vars(Future())) == _FIELDS and getattr(sys, "_is_gil_enabled", lambda: True)()
-"""whether this Python's Future has the attributes the lazy condition replaces"""
+"""whether futures make their condition lazily here: Future has the attributes replaced, and the GIL is on"""
 _LAZY = threading.Lock()
 
 
