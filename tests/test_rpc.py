@@ -15,7 +15,8 @@ from helpers import FORK, kill_pid, shm_exists, track_pid, wait_until
 from shmpad import Closed, Timeout
 from shmpad.errors import RemoteError
 from shmpad.ringbuf import MPMCRing
-from shmpad.rpc.codec import RemoteTraceback
+from shmpad.rpc.codec import RemoteTraceback, encode_reply
+from shmpad.rpc.future import PumpedFuture
 from shmpad.rpc.shm_client import RpcClient
 from shmpad.rpc.shm_server import RpcServer, create_request_ring
 from shmpad.rpc.stats import CallStats, _read, _record
@@ -153,6 +154,22 @@ def test_futures(client):
     assert [f.result(10) for f in futs] == [2 * i for i in range(100)]
     assert client.futures().result(10) == ("called", 1)
     assert client.futures.ping().result(10) == "pong"
+
+
+def test_a_reply_settles_its_future_without_making_a_lock(client):
+    """The client settles futures through their own fast path (shmpad.rpc.future): a
+    future that nobody waited on, watched or cancelled never makes its condition."""
+    assert client.futures.ping().result(10) == "pong"  # the futures ring exists
+    futs = {}
+    for call_id, ok, value in [(10**6, True, "fine"), (10**6 + 1, False, (CustomError("bad"), "tb"))]:
+        futs[call_id] = fut = PumpedFuture(client)
+        client._pending[call_id] = (fut, None, "m")
+        client._complete(encode_reply(call_id, ok, value, 1024))
+    fine, bad = futs.values()
+    assert fine.result(0) == "fine"
+    with pytest.raises(CustomError, match="bad"):
+        bad.result(0)
+    assert "_condition" not in vars(fine) and "_condition" not in vars(bad)
 
 
 def test_remote_exception_has_type_message_and_traceback(client):

@@ -15,9 +15,8 @@ import os
 import threading
 import time
 import traceback
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as wait_futures
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from typing import Any, Callable
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
@@ -27,6 +26,7 @@ from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.rpc import calls
 from shmpad.rpc.calls import FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
 from shmpad.rpc.codec import REPLY, drop, encode, unpack_reply
+from shmpad.rpc.future import PumpedFuture
 from shmpad.rpc.shm_server import SLOT_SIZE, SYNC_TAG
 
 __all__ = ["RpcClient"]
@@ -69,6 +69,7 @@ class RpcClient(MethodCalls):
         self._pool: list[SPSCRing] = []
         self._all_rings: list[Any] = []
         self._futures_ring: MPMCRing | None = None
+        self._futures_name: str | None = None  # the ring's name, looked up once: a property
         self._pending: dict[int, tuple[Future, float | None, str]] = {}
         self._reader: threading.Thread | None = None
         self._closed = False
@@ -135,17 +136,17 @@ class RpcClient(MethodCalls):
         """Like ``call``, but returns at once with a Future of the result."""
         if self._pid != current_pid():
             self._forked()
-        fut = _PumpedFuture(self)
+        fut = PumpedFuture(self)
         deadline = None if self.call_timeout is None else time.monotonic() + self.call_timeout
         request = self._request or self._connect(deadline, method)
-        ring = self._futures_ring or self._start_futures()
+        reply_to = self._futures_name or self._start_futures().name
         call_id = next(self._ids)
         self._pending[call_id] = (fut, deadline, method)
         if self._pump_idle:
             with self._pump_cond:
                 self._pump_cond.notify()
         try:
-            self._send(request, (call_id, ring.name, method, args, kwargs or {}, time.monotonic_ns()), deadline, method)
+            self._send(request, (call_id, reply_to, method, args, kwargs or {}, time.monotonic_ns()), deadline, method)
         except BaseException as e:
             self._pending.pop(call_id, None)
             fut.set_exception(e)
@@ -253,6 +254,7 @@ class RpcClient(MethodCalls):
                     target=self._background_pump, args=(ring,), name="shmpad-rpc-futures", daemon=True
                 )
                 self._futures_ring = ring
+                self._futures_name = ring.name
                 self._reader.start()
         return self._futures_ring
 
@@ -262,7 +264,7 @@ class RpcClient(MethodCalls):
     # while futures are pending and no caller has read for a while (callbacks,
     # ``concurrent.futures.wait``), and checks deadlines.
 
-    def _pump(self, fut: "_PumpedFuture", timeout: float | None) -> None:
+    def _pump(self, fut: "PumpedFuture", timeout: float | None) -> None:
         """Read replies until ``fut`` is done or ``timeout`` passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
         lock = self._pump_lock
@@ -328,9 +330,12 @@ class RpcClient(MethodCalls):
         try:
             value = unpack_reply(ok, data[REPLY.size :])
         except BaseException as e:
-            settle(fut, Future.set_exception, e)
-        else:
-            settle(fut, Future.set_result, value)
+            settle(fut, PumpedFuture.set_exception, e)
+            return
+        try:
+            fut.set_result(value)
+        except InvalidStateError:
+            pass  # the caller cancelled it: the reply has nobody to go to
 
     def _background_pump(self, ring: MPMCRing) -> None:
         cond = self._pump_cond
@@ -358,41 +363,15 @@ class RpcClient(MethodCalls):
         now = time.monotonic()
         for call_id, (fut, deadline, method) in list(self._pending.items()):
             if deadline is not None and now >= deadline and self._pending.pop(call_id, None) is not None:
-                settle(fut, Future.set_exception, self._timeout_error(method))
+                settle(fut, PumpedFuture.set_exception, self._timeout_error(method))
 
     def _fail_pending(self, error: Callable[[str], BaseException]) -> None:
         for call_id in list(self._pending):
             entry = self._pending.pop(call_id, None)
             if entry is not None:
-                settle(entry[0], Future.set_exception, error(entry[2]))
+                settle(entry[0], PumpedFuture.set_exception, error(entry[2]))
 
 
-class _PumpedFuture(Future):
-    """A Future whose ``result()``/``exception()`` read the client's replies
-    themselves while they wait. It stays PENDING until answered, so ``cancel()``
-    works until then (the call still runs; its reply is dropped)."""
-
-    def __init__(self, client: "RpcClient"):
-        super().__init__()
-        self._client = client
-
-    def _finished(self) -> bool:
-        # a read of one attribute, without the condition's lock: a hint the callers
-        # re-check through the Future API
-        return self._state in _DONE_STATES
-
-    def result(self, timeout: float | None = None) -> Any:
-        if not self._finished():
-            self._client._pump(self, timeout)
-        return super().result(timeout=0)  # raises TimeoutError if still not done
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._finished():
-            self._client._pump(self, timeout)
-        return super().exception(timeout=0)
-
-
-_DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 _ring_ids = itertools.count()
 
 

@@ -249,7 +249,7 @@ class RpcServer:
         self._reply(reply_to, reply, taken_ns, sent_ns)
 
     def _reply(self, reply_to: str, reply: tuple, taken_ns: int, sent_ns: int) -> None:
-        ring = self._reply_ring(reply_to)
+        ring = self._replies.get(reply_to) or self._reply_ring(reply_to)
         payload = None
         if ring is not None:
             call_id, ok, value = reply
