@@ -45,7 +45,7 @@ from shmpad.replay.rate_limiters import from_dict as rate_limiter_from_dict
 from shmpad.replay.selectors import Fifo, Selector, Uniform, check_selector, from_dict
 from shmpad.replay.writer import Writer
 from shmpad.ringbuf.mpmc import pid_alive
-from shmpad.ringbuf.segment import CACHE_LINE, Segment
+from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.typed import Spec, _as_array, _normalise, _to_torch
 from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
@@ -86,29 +86,6 @@ class TableInfo:
     rate_limiter: RateLimiter
     max_times_sampled: int
     lock_recoveries: int
-
-
-def _layout(fields: list, max_size: int) -> dict[str, int]:
-    p2 = 1 << max(0, (max_size - 1).bit_length())
-    offsets: dict[str, int] = {}
-    at = 0
-
-    def place(name: str, nbytes: int) -> None:
-        nonlocal at
-        offsets[name] = at
-        at = -(-(at + nbytes) // CACHE_LINE) * CACHE_LINE
-
-    place("ctl", index.CTL_WORDS * 8)
-    for name in ("state", "owner", "key", "times", "prio", "prev", "nxt", "free"):
-        place(name, max_size * 8)
-    place("inflight", index.MAX_INFLIGHT * 2 * 8)
-    for name in ("count_t", "sum_t", "min_t", "max_t"):
-        place(name, 2 * p2 * 8)
-    for name, dtype, shape in fields:
-        place("field:" + name, max_size * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-    offsets["p2"] = p2
-    offsets["total"] = at
-    return offsets
 
 
 def _exponent(sampler: Selector, remover: Selector) -> float:
@@ -175,7 +152,7 @@ class Table:
             )
         max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=0)
         exponent = _exponent(sampler, remover)
-        offsets = _layout(fields, max_size)
+        offsets = index.layout(fields, max_size)
         meta = {
             "name": name,
             "spec": [[f, d.str, list(s)] for f, d, s in fields],
