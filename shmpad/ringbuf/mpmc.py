@@ -83,6 +83,7 @@ from shmpad.ringbuf.layout import (
 )
 from shmpad.ringbuf.memcopy import copy_bytes
 from shmpad.ringbuf.mpmc_slots import (
+    _LENGTH,
     FREE,
     LAP_MASK,
     PID_MASK,
@@ -90,6 +91,7 @@ from shmpad.ringbuf.mpmc_slots import (
     READY,
     WRITING,
     _batch_end,
+    _count_claimed,
     _drop_claim,
     _lap,
     _pack,
@@ -97,6 +99,7 @@ from shmpad.ringbuf.mpmc_slots import (
     _refilled,
     _state_word,
     _stuck,
+    _traffic,
     pid_alive,
 )
 from shmpad.ringbuf.ring import ByteRing, current_pid
@@ -105,7 +108,6 @@ from shmpad.ringbuf.wait import notify, notify_always, sleepers
 
 __all__ = ["MPMCRing", "pid_alive"]
 
-_LENGTH, _GOT, _GOT_BYTES = 1, 2, 3  # words of a slot's line after its state word
 # _take_small's flag: the message did not fit, its slot is still claimed.
 HELD = 1 << 62
 # get_bytes copies messages up to this size out in the call that takes them (the
@@ -217,31 +219,6 @@ def _reserve(ctl, n, pid):
 def _commit(ctl, i, n):
     _publish(ctl, i, n)
     notify(ctl, EV_NOT_EMPTY)
-
-
-@njit(nogil=True, cache=True)
-def _count_claimed(ctl, sw):
-    """Count the message this consumer just claimed in its slot's GOT and GOT_BYTES. The
-    claim makes us the line's only writer (until _release), so plain stores do; the
-    previous writer's values reached us through the acquire of the state word."""
-    store_relaxed(ctl, sw + _GOT, load_relaxed(ctl, sw + _GOT) + 1)
-    store_relaxed(ctl, sw + _GOT_BYTES, load_relaxed(ctl, sw + _GOT_BYTES) + load_relaxed(ctl, sw + _LENGTH))
-
-
-@njit(nogil=True, cache=True)
-def _traffic(ctl):
-    """(puts, gets, bytes_put, bytes_got) summed over the slot lines (see Counting)."""
-    gets = got_bytes = ready = ready_bytes = 0
-    for i in range(ctl[CAPACITY]):
-        sw = _state_word(ctl, i)
-        gets += load_relaxed(ctl, sw + _GOT)
-        got_bytes += load_relaxed(ctl, sw + _GOT_BYTES)
-        # GOT first: a message claimed meanwhile is missed (never counted twice)
-        s = load_acquire(ctl, sw)  # pairs with store_release(READY) in _publish: the length is the message's
-        if _phase(s) == READY:
-            ready += 1
-            ready_bytes += load_relaxed(ctl, sw + _LENGTH)
-    return gets + ready, gets, got_bytes + ready_bytes, got_bytes
 
 
 @njit(nogil=True, cache=True)

@@ -1,7 +1,8 @@
 """The MPMC ring's slots, below its operations (``mpmc.py`` has the protocol):
 the state word of a slot (``lap`` << 32 | ``phase`` << 30 | ``pid``), the refill
-batches whose last release wakes a full ring's producers (``mpmc.py``, Waking), and
-freeing the slot of a claimant that died (``mpmc.py``, liveness).
+batches whose last release wakes a full ring's producers (``mpmc.py``, Waking), the
+counters on each slot's line (``mpmc.py``, Counting), and freeing the slot of a
+claimant that died (``mpmc.py``, liveness).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 
 from numba import njit
 
-from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed
+from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed
 from shmpad.ringbuf.layout import (
     CAPACITY,
     DEAD_CLAIMS,
@@ -31,6 +32,7 @@ PID_MASK = (1 << 30) - 1
 # The most slots in a refill batch (see mpmc.py's Waking); libzmq's pipes resume a
 # writer after a reader took at most 1024 messages too.
 REFILL_MAX = 1024
+_LENGTH, _GOT, _GOT_BYTES = 1, 2, 3  # words of a slot's line after its state word
 
 
 @njit(nogil=True, cache=True)
@@ -121,3 +123,28 @@ def pid_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in (b"Z", b"X")
+
+
+@njit(nogil=True, cache=True)
+def _count_claimed(ctl, sw):
+    """Count the message this consumer just claimed in its slot's GOT and GOT_BYTES. The
+    claim makes us the line's only writer (until _release), so plain stores do; the
+    previous writer's values reached us through the acquire of the state word."""
+    store_relaxed(ctl, sw + _GOT, load_relaxed(ctl, sw + _GOT) + 1)
+    store_relaxed(ctl, sw + _GOT_BYTES, load_relaxed(ctl, sw + _GOT_BYTES) + load_relaxed(ctl, sw + _LENGTH))
+
+
+@njit(nogil=True, cache=True)
+def _traffic(ctl):
+    """(puts, gets, bytes_put, bytes_got) summed over the slot lines (see Counting)."""
+    gets = got_bytes = ready = ready_bytes = 0
+    for i in range(ctl[CAPACITY]):
+        sw = _state_word(ctl, i)
+        gets += load_relaxed(ctl, sw + _GOT)
+        got_bytes += load_relaxed(ctl, sw + _GOT_BYTES)
+        # GOT first: a message claimed meanwhile is missed (never counted twice)
+        s = load_acquire(ctl, sw)  # pairs with store_release(READY) in _publish: the length is the message's
+        if _phase(s) == READY:
+            ready += 1
+            ready_bytes += load_relaxed(ctl, sw + _LENGTH)
+    return gets + ready, gets, got_bytes + ready_bytes, got_bytes
