@@ -69,11 +69,17 @@ def publish(t, slot, priority, exponent, max_times, pid, spins, have_lock):
 @njit(nogil=True, cache=True)
 def _gather(rows, row_bytes, dst, slots):
     """Copy the rows of ``slots`` into ``dst``, skipping rows marked -1."""
+    for i in range(slots.shape[0]):
+        if slots[i] >= 0:
+            _gather_row(rows, row_bytes, dst, slots, i)
+
+
+@njit(nogil=True, cache=True)
+def _gather_row(rows, row_bytes, dst, slots, i):
+    """Copy every field of the item in ``slots[i]`` into row ``i`` of ``dst``."""
     for f in range(len(rows)):
         n = row_bytes[f]
-        for i in range(slots.shape[0]):
-            if slots[i] >= 0:
-                copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
+        copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
 
 
 @njit(nogil=True, cache=True)
@@ -164,9 +170,7 @@ def redraw(t, sampler, uniforms, pid, spins, have_lock, rows, row_bytes, dst, sl
     for i in range(slots.shape[0]):
         if slots[i] < 0:
             index.draw(t, sampler, uniforms[i], 0, i, slots, keys, probs, prios, times)
-            for f in range(len(rows)):
-                n = row_bytes[f]
-                copy_bytes(dst[f], i * n, rows[f], slots[i] * n, n)
+            _gather_row(rows, row_bytes, dst, slots, i)
     _release(ctl)
     notify(ctl, EV_CHANGED)
     return size
