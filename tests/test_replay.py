@@ -65,6 +65,30 @@ def test_uniform_sampling_is_uniform(make_table):
     assert np.all(t.sample(5).probabilities == 0.1)
 
 
+def _seeded_draws(seed: int) -> list[int]:
+    with rp.Table("t", SPEC, 16, seed=seed) as t:
+        for i in range(10):
+            t.insert(item(i))
+        return t.sample(50).data["id"].tolist()
+
+
+def test_a_seeded_table_draws_the_same_samples_in_every_process_that_creates_it(make_table):
+    """The statistical tests here rely on it: their seeds fix the draws, whatever the pid."""
+    child = Forked(_seeded_draws, 3)
+    try:
+        assert child.result(60) == _seeded_draws(3)  # made in another process (another pid)
+    finally:
+        child.kill()
+    a = make_table(seed=3)
+    for i in range(10):
+        a.insert(item(i))
+    attached = rp.Table.attach(a.segment, seed=3)
+    try:  # an attached handle draws its own stream
+        assert attached.sample(50).data["id"].tolist() != a.sample(50).data["id"].tolist()
+    finally:
+        attached.close()
+
+
 @pytest.mark.parametrize("exponent", [1.0, 0.6, 0.0])
 def test_prioritized_sampling_follows_priorities_to_the_exponent(make_table, exponent):
     t = make_table(sampler=rp.Prioritized(exponent), seed=1)

@@ -120,7 +120,8 @@ class Table:
     full table evicts (``shmpad.replay.selectors``); ``rate_limiter`` paces inserts
     against samples (``shmpad.replay.rate_limiters``); an item sampled
     ``max_times_sampled`` times is deleted (0: never). ``seed`` seeds this handle's
-    choices (each process that attaches draws its own stream from it).
+    choices: the creating process draws the same stream from it every run, and every other
+    process (attached, or forked) its own.
 
     The creating handle owns the segment: its ``close`` removes it. A table pickles
     to its segment's name; unpickled (in a node, say) it attaches.
@@ -223,6 +224,7 @@ class Table:
         self._row_bytes = np.array([a[0].nbytes for a in self._data.values()], np.int64)
         self._seed = seed
         self._rng_pid = -1
+        self._creator_pid = _pid() if seg.owned else -1
         self._rng_: np.random.Generator | None = None
 
     # -- pickling, closing ---------------------------------------------------------------
@@ -272,7 +274,9 @@ class Table:
     def _rng(self) -> np.random.Generator:
         pid = _pid()
         if self._rng_pid != pid:  # a forked copy must not repeat its parent's choices
-            self._rng_ = np.random.default_rng(None if self._seed is None else [self._seed, pid])
+            # the creating handle draws from the seed alone (reproducible); every other process, from seed and pid
+            key = [self._seed] if pid == self._creator_pid else [self._seed, pid]
+            self._rng_ = np.random.default_rng(None if self._seed is None else key)
             self._rng_pid = pid
         return self._rng_
 
