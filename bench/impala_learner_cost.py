@@ -5,7 +5,8 @@ backward, clipping and optimiser step, compiled and in bf16 as the job's plan sa
 no ring, no staging and no publishing (the batch is built once as time-major
 ``[T+1, B, ...]`` tensors on the learner's device). ``ring``: ``Learner.step()`` fed from a
 ``TypedRing`` that a forked producer keeps full with copies of one prepared unroll,
-publishing to a ``WeightStore`` after each update, as in the real program. Each
+publishing to a ``WeightStore`` as the job's flags say (every update, or every
+``--publish-seconds``; CartPole's defaults publish every 10 ms), as in the real program. Each
 runs ``LEARNER_SECONDS`` s in a process tree of its own (``bench.harness.in_own_tree``).
 """
 

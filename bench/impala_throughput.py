@@ -4,7 +4,7 @@ bench.impala's flags (feed-forward models only) and measures instead of training
     python -m bench.impala_throughput                     # Pong, about 2 minutes on 2 cores
     python -m bench.impala_throughput --total-frames 200000 --num-workers 4
 
-Two measurements, each in ``ROUNDS`` interleaved rounds (the order alternates each
+Two measurements, each in ``--rounds`` interleaved rounds (3; the order alternates each
 round, because machine speed drifts); tables show medians, ratios are medians of
 per-round ratios. Only ratios within one run count.
 
@@ -12,8 +12,8 @@ per-round ratios. Only ratios within one run count.
    model, ``impala_loss``, backward, gradient clipping and optimiser step; the batch is
    built once as time-major ``[T+1, B, ...]`` tensors). ``ring``: ``Learner.step()``
    fed from a ``TypedRing`` that a forked producer keeps full with copies of one
-   prepared unroll, publishing to a ``WeightStore`` after each update, as in the real
-   program. Each runs ``LEARNER_SECONDS`` s in its own forked process with
+   prepared unroll, publishing to a ``WeightStore`` as the job's flags say (every
+   update, or every ``--publish-seconds``), as in the real program. Each runs ``LEARNER_SECONDS`` s in its own forked process with
    ``--learner-threads`` torch threads. Target: ring >= 0.90 x bare.
 2. Whole pipeline. bench.impala's own ``build_program`` launched (``test_mp``) for
    ``--total-frames`` frames with a temporary ``--out``, next to bench.envpool's ``ceiling``
@@ -34,6 +34,7 @@ bench.envpool's Atari subject: for other environments it is reported as n/a.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import dataclasses
@@ -49,7 +50,7 @@ from typing import Any
 
 import shmpad as lp
 from actors import frames_per_step
-from bench import impala
+from bench import impala, impala_cli
 from bench.harness import in_own_tree
 from bench.impala_learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS
 from shmpad.ringbuf import janitor
@@ -64,8 +65,11 @@ LEARNER_BOUND_WAIT = 0.10
 """a learner that waited for data less than this share of its time is the bottleneck"""
 
 
-def run(args: Any) -> dict:
-    """Measure, print the report, and return it as a dict (also printed as the last line)."""
+def run(args: Any, rounds: int = ROUNDS) -> dict:
+    """Measure in ``rounds`` interleaved rounds, print the report, and return it as a dict
+    (also printed as the last line)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     args = _with_quick_defaults(args)
     janitor.start()
     spec = impala.env_config(args).spec()  # compiles the preprocessing before any fork
@@ -73,11 +77,11 @@ def run(args: Any) -> dict:
         f"# bench.impala_throughput {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} "
         f"env={args.env} model={args.model} T={args.unroll_length} B={args.batch_size} actors={args.num_actors} "
         f"workers={args.num_workers}x{args.envs_per_worker} envs learner_threads={args.learner_threads} "
-        f"frames={args.total_frames:,} rounds={ROUNDS}",
+        f"frames={args.total_frames:,} rounds={rounds}",
         flush=True,
     )
     bare, ring, per_round = [], [], []
-    for r in range(ROUNDS):
+    for r in range(rounds):
         order = ("bare", "ring") if r % 2 == 0 else ("ring", "bare")
         got = {
             name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 300)
@@ -100,7 +104,7 @@ def run(args: Any) -> dict:
         "seconds": LEARNER_SECONDS,
     }
     pipelines, ceilings, ratios = [], [], []
-    for r in range(ROUNDS):
+    for r in range(rounds):
         if r % 2 == 0:
             p = _pipeline(args)
             c = _ceiling(args, p["seconds"])
@@ -122,7 +126,7 @@ def run(args: Any) -> dict:
     pipeline["ceiling_frames_per_s"] = round(statistics.median(known)) if known else None
     pipeline["ratio_to_ceiling"] = round(statistics.median(ratios), 3) if ratios else None
     pipeline["bottleneck"] = "learner" if pipeline["learner_wait_share"] < LEARNER_BOUND_WAIT else "actors"
-    report = {"env": args.env, "model": args.model, "rounds": ROUNDS, "learner": learner, "pipeline": pipeline}
+    report = {"env": args.env, "model": args.model, "rounds": rounds, "learner": learner, "pipeline": pipeline}
     report["targets"] = _targets(learner, pipeline)
     _print(args, report)
     print("report: " + json.dumps(report), flush=True)
@@ -294,14 +298,14 @@ def _print(args: Any, report: dict) -> None:
     )
     ratio = "n/a" if p["ratio_to_ceiling"] is None else f"{p['ratio_to_ceiling']:.2f}"
     print(
-        f"\n1. Learner framework cost (medians of {ROUNDS} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)"
+        f"\n1. Learner framework cost (medians of {report['rounds']} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)"
     )
     print(
         f"   bare torch loop on a ready batch      {lr['bare_updates_per_s']:8.2f} updates/s  ({1e3 / lr['bare_updates_per_s']:.1f} ms/update)"
     )
     print(
         f"   Learner.step() from a TypedRing       {lr['ring_updates_per_s']:8.2f} updates/s  "
-        f"({1e3 / lr['ring_updates_per_s']:.1f} ms/update, waiting {lr['ring_wait_share']:.1%}; publishes to a WeightStore)"
+        f"({1e3 / lr['ring_updates_per_s']:.1f} ms/update, waiting {lr['ring_wait_share']:.1%}; {impala_cli.publishing(args)} to a WeightStore)"
     )
     print(f"   ratio                                 {lr['ratio']:8.3f}")
     print(
@@ -352,10 +356,17 @@ def _print(args: Any, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = impala.parse_args(argv, prog="python -m bench.impala_throughput", measuring=True)
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--rounds", type=int, default=ROUNDS)
+    mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(rest):
+        print(f"bench.impala_throughput's own option: --rounds N  interleaved rounds of each measurement [{ROUNDS}]\n")
+    args = impala.parse_args(rest, prog="python -m bench.impala_throughput", measuring=True)
+    if mine.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {mine.rounds}")
     if args.use_lstm:
         raise SystemExit("bench.impala_throughput measures feed-forward models only; drop --use-lstm")
-    report = run(args)
+    report = run(args, mine.rounds)
     return 1 if "FAIL" in report["targets"].values() else 0  # a missed target, as in every benchmark
 
 

@@ -57,8 +57,10 @@ def test_classic_control_gets_its_own_defaults_unless_given():
     cartpole = impala.parse_args(["--env", "CartPole-v1", "--learning-rate", "0.01"])
     assert (cartpole.model, cartpole.total_frames, cartpole.discount) == ("mlp", 750_000, 0.98)
     assert cartpole.learning_rate == 0.01  # given on the command line: kept
+    assert cartpole.publish_seconds == 0.01  # a 2 ms update is not made to publish every time
+    assert impala.parse_args(["--env", "CartPole-v1", "--publish-seconds", "0"]).publish_seconds == 0
     pong = impala.parse_args([])
-    assert (pong.model, pong.total_frames, pong.learning_rate) == ("shallow", 200_000, 6e-4)
+    assert (pong.model, pong.total_frames, pong.learning_rate, pong.publish_seconds) == ("shallow", 200_000, 6e-4, 0)
 
 
 def test_peers_take_a_backend_and_env_urls(monkeypatch):

@@ -15,15 +15,15 @@ TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --u
 
 @pytest.mark.slow
 def test_report_throughput_prints_both_measurements_and_the_targets():
-    status, text = run_bench_status(*TINY, timeout=400, module="bench.impala_throughput")
+    status, text = run_bench_status(*TINY, "--rounds", "2", timeout=400, module="bench.impala_throughput")
     lines = text.splitlines()
     assert status == (1 if any(line.startswith("FAIL ") for line in lines) else 0), text[
         -3000:
     ]  # a missed target fails
     assert lines[0].startswith("# bench.impala_throughput")
-    assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 3
+    assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 2
     assert (
-        len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 3
+        len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 2
     )
     for section in ("1. Learner framework cost", "2. Whole pipeline", "where the time goes:", "bottleneck: the "):
         assert any(section in line for line in lines), section
@@ -33,7 +33,7 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
 
     assert lines[-1].startswith("report: ")
     report = json.loads(lines[-1][len("report: ") :])
-    assert report["env"] == "ALE/Pong-v5" and report["rounds"] == 3
+    assert report["env"] == "ALE/Pong-v5" and report["rounds"] == 2
     assert set(report["learner"]) == {"bare_updates_per_s", "ring_updates_per_s", "ring_wait_share", "ratio", "seconds"}
     assert report["learner"]["bare_updates_per_s"] > 0 and report["learner"]["ring_updates_per_s"] > 0
     assert set(report["pipeline"]) == {
@@ -58,3 +58,20 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
     assert p["bottleneck"] in ("learner", "actors")
     assert report["targets"]["learner_ratio"] in ("PASS", "FAIL")
     assert report["targets"]["worker_busy"] in ("PASS", "FAIL", "N/A")
+
+
+@pytest.mark.parametrize("rounds", ["0", "-2"])
+def test_rounds_below_one_is_refused_before_anything_runs(rounds, capsys):
+    from bench import impala_throughput
+
+    with pytest.raises(SystemExit, match=f"--rounds must be >= 1, got {rounds}"):
+        impala_throughput.main(["--rounds", rounds, "--env", "CartPole-v1"])
+
+
+def test_run_refuses_rounds_that_are_not_a_positive_int():
+    from bench import impala, impala_throughput
+
+    args = impala.parse_args(["--env", "CartPole-v1"], measuring=True)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+            impala_throughput.run(args, bad)
