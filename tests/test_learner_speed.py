@@ -168,7 +168,9 @@ def _args(**kw):
     "kw, cores, expected",
     [
         (dict(), 2, (1, 2, 16, 1, True, False)),  # this machine: one learner thread beside the actors
-        (dict(model="mlp"), 2, (1, 2, 16, 1, False, False)),
+        (dict(model="mlp"), 2, (2, 2, 32, 1, False, False)),  # the actors' loops bound an MLP's job: one per core
+        (dict(model="mlp"), 16, (16, 2, 32, 1, False, False)),
+        (dict(model="mlp", device="cuda"), 16, (2, 6, 16, 1, False, False)),
         (dict(), 16, (2, 4, 16, 8, True, False)),
         (dict(device="cuda"), 16, (2, 6, 16, 1, False, True)),
         (dict(device="cuda", num_actors=4, compile="on", bf16="off"), 16, (4, 6, 16, 1, True, False)),
@@ -222,6 +224,8 @@ def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
 
     assert make_plan(_args(pin="auto"), cores=2).pin == PIN_BY_DEFAULT
     assert not make_plan(_args(pin="auto"), cores=1).pin
+    assert not make_plan(_args(pin="auto", model="mlp"), cores=2).pin  # its learner idles: the actors get both cores
+    assert make_plan(_args(pin="on", model="mlp"), cores=2).pin
     assert not make_plan(_args(pin="auto", device="cuda"), cores=16).pin
     assert not make_plan(_args(pin="off"), cores=2).pin and make_plan(_args(pin="on", device="cuda"), cores=16).pin
     cpus = sorted(os.sched_getaffinity(0))
