@@ -13,8 +13,9 @@ per-round ratios. Only ratios within one run count.
    built once as time-major ``[T+1, B, ...]`` tensors). ``ring``: ``Learner.step()``
    fed from a ``TypedRing`` that a forked producer keeps full with copies of one
    prepared unroll, publishing to a ``WeightStore`` as the job's flags say (every
-   update, or every ``--publish-seconds``), as in the real program. Each runs ``LEARNER_SECONDS`` s in its own forked process with
-   ``--learner-threads`` torch threads. Target: ring >= 0.90 x bare.
+   update, or every ``--publish-seconds``), as in the real program. Each runs
+   ``LEARNER_SECONDS`` s in its own forked process with ``--learner-threads`` torch
+   threads. Target: ring >= 0.90 x bare.
 2. Whole pipeline. bench.impala's own ``build_program`` launched (``test_mp``) for
    ``--total-frames`` frames with a temporary ``--out``, next to bench.envpool's ``ceiling``
    subject (raw stepping with the same preprocessing, one process per env worker, the
