@@ -33,8 +33,9 @@ torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side)
 - CPU, pinning (``--pin on``): the learner runs on its own cores (the first
   ``learner_threads``) and the actors with their env workers on the others, so that
   neither preempts the other (``PythonProcess(cpus=...)``): the default Pong job ran
-  1.22x faster pinned (median of 4 interleaved rounds; its learner took 480-490 ms per
-  update instead of 550-590).
+  1.22x faster pinned with the learner in fp32 (median of 4 interleaved rounds; its
+  learner took 480-490 ms per update instead of 550-590), and 1.03x with it in bf16
+  (3 rounds; the actor's core is then as much the limit as the learner).
 - CUDA: the GPU does the learner's arithmetic, so the cores go to the environments:
   one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
   environments each, the learner's host side on one thread. bf16 autocast.
@@ -50,7 +51,7 @@ __all__ = ["Plan", "cpu_has_bf16", "make_plan", "pinned_cpus", "usable_cores"]
 
 AUTO = "auto"
 PIN_BY_DEFAULT = True
-"""whether ``--pin auto`` pins a convolutional model's job on a CPU: yes, 1.22x frames/s on 2 cores (docs/results/cpu-pinning)"""
+"""whether ``--pin auto`` pins a convolutional model's job on a CPU: yes, 1.22x frames/s on 2 cores with an fp32 learner, 1.03x with bf16 (docs/results/cpu-pinning)"""
 ENVS_PER_WORKER = 16
 MLP_ENVS_PER_WORKER = 32
 """an MLP's actors on a CPU: 32 environments per worker ran the CartPole job 1.19x and 1.33x as fast as 16 (two interleaved rounds)"""

@@ -43,3 +43,42 @@ def test_readme_block_runs(line, source):
         [sys.executable, "-c", source], BLOCK_TIMEOUT_S, f"README block at line {line}", ROOT, env
     )
     assert status == 0, f"README block at line {line} failed:\n{out[-3000:]}"
+
+
+def markdown_files() -> list[str]:
+    """README.md and every Markdown file under docs/, relative to the repository."""
+    found = ["README.md"]
+    for folder, _, names in os.walk(os.path.join(ROOT, "docs")):
+        found += sorted(os.path.relpath(os.path.join(folder, n), ROOT) for n in names if n.endswith(".md"))
+    return found
+
+
+def relative_links(path: str) -> list[tuple[int, str]]:
+    """(line, target) of every Markdown link or image in ``path`` that is not a URL or an anchor."""
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    text = re.sub(r"^```.*?^```$", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.DOTALL | re.MULTILINE)
+    out = []
+    for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+        target = m.group(1)
+        if not re.match(r"[a-z][a-z0-9+.-]*:|#", target):
+            out.append((text.count("\n", 0, m.start()) + 1, target.split("#")[0]))
+    return out
+
+
+def test_relative_links_find_their_files():
+    """A link in the README or docs/ to a file of the repository points at one that exists
+    (and never out of the repository: the project explains itself)."""
+    broken = []
+    for path in markdown_files():
+        for line, target in relative_links(path):
+            resolved = os.path.normpath(os.path.join(ROOT, os.path.dirname(path), target))
+            inside = os.path.commonpath([resolved, ROOT]) == ROOT
+            if not inside or not os.path.exists(resolved):
+                broken.append(f"{path}:{line}: {target}")
+    assert not broken, "links to missing files:\n" + "\n".join(broken)
+
+
+def test_the_link_check_sees_links():
+    links = relative_links("README.md")
+    assert ("docs/architecture.md" in (t for _, t in links)) and len(links) >= 5, links
