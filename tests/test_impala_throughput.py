@@ -61,7 +61,7 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
 
 
 @pytest.mark.parametrize("rounds", ["0", "-2"])
-def test_rounds_below_one_is_refused_before_anything_runs(rounds, capsys):
+def test_rounds_below_one_is_refused_before_anything_runs(rounds):
     from bench import impala_throughput
 
     with pytest.raises(SystemExit, match=f"--rounds must be >= 1, got {rounds}"):
