@@ -1,0 +1,200 @@
+"""``python -m bench.impala_compare``: the main job under several sets of flags, side by side.
+
+    python -m bench.impala_compare --arm "--pin on" --arm "--pin off" --rounds 3
+    python -m bench.impala_compare --common "--device cuda --model deep --last-action-reward" \\
+        --arm "--num-actors 4 --num-workers 3" --arm "--num-actors 1 --num-workers 12" --seconds 100
+
+Each round runs every arm once, each as its own ``python -m bench.impala`` with ``--common``
+and then the arm's flags, in an order that rotates from round to round (a shared machine's
+speed drifts, so only what ran in the same rounds compares). A run ends at its
+``--total-frames`` or, with ``--seconds``, at the first of the two: it is then stopped as
+Ctrl+C stops it. From each run's ``log.csv``: the median frames/s of its rows after the first
+third (start-up, compiling and filling the ring come first), and, from its last row, how
+long the learner waited for data, how busy the env workers were, the actors' inference
+ms per batch and the policy lag. The table gives each arm's medians over the rounds and
+the median of its per-round ratios to the first arm; the last line is the report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench import impala
+
+__all__ = ["main", "steady", "parse_args"]
+
+STOP_GRACE_S = 60.0
+"""how long a run stopped with SIGINT may take to write its checkpoint and exit"""
+LAST_ROW_COLUMNS = ("wait_fraction", "env_busy", "inference_ms", "policy_lag")
+FIXED = ("--out", "--resume")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.impala_compare",
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    parser.add_argument(
+        "--arm", action="append", default=[], metavar="FLAGS", help="one arm's bench.impala flags (give 2 or more)"
+    )
+    parser.add_argument(
+        "--common", default="", metavar="FLAGS", help="bench.impala flags every arm runs with, before its own"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every arm once [3]")
+    parser.add_argument(
+        "--seconds", type=float, default=0.0, help="stop a run after this many seconds (0: at its --total-frames) [0]"
+    )
+    parser.add_argument("--log-interval", type=float, default=2.0, help="seconds between the runs' log rows [2]")
+    parser.add_argument(
+        "--keep", default="", metavar="DIR", help="keep every run's folder under DIR (default: a temporary folder)"
+    )
+    args = parser.parse_args(argv)
+    if len(args.arm) < 2:
+        parser.error(f"give at least 2 --arm to compare, got {len(args.arm)}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.seconds >= 0:
+        parser.error(f"--seconds must be >= 0 (0: each run goes to its --total-frames), got {args.seconds}")
+    if not args.log_interval > 0:
+        parser.error(f"--log-interval must be > 0, got {args.log_interval}")
+    if args.keep and os.path.exists(args.keep) and os.listdir(args.keep):
+        parser.error(f"--keep {args.keep}: the folder is not empty (each comparison keeps its runs in a new one)")
+    for flags in (args.common, *args.arm):
+        try:
+            words = shlex.split(flags)
+        except ValueError as e:
+            parser.error(f"{flags!r}: {e}")
+        taken = [w for w in words if w.split("=")[0] in FIXED]
+        if taken:
+            parser.error(f"{flags!r}: {', '.join(taken)} is set by the comparison for every run")
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                impala.parse_args([*shlex.split(args.common), *words, "--out", scratch])
+            except SystemExit:
+                parser.error(f"bench.impala refused the flags {args.common + ' ' + flags!r} (its message is above)")
+            except impala.UsageError as e:
+                parser.error(f"{args.common + ' ' + flags!r}: {e}")
+    return args
+
+
+def steady(rows: list[dict]) -> dict:
+    """A run's figures from its log rows: the median frames/s after the first third, and the last row's others."""
+    if not rows:
+        raise ValueError("the run wrote no log row")
+    kept = rows[len(rows) // 3 :]
+    out = {"frames_per_s": round(statistics.median(float(r["fps"]) for r in kept)), "rows": len(kept)}
+    for name in LAST_ROW_COLUMNS:
+        value = rows[-1].get(name, "")
+        out[name] = float(value) if value not in ("", None) else None
+    return out
+
+
+def run_one(flags: list[str], out: str, seconds: float) -> dict:
+    """One ``python -m bench.impala`` run into ``out``: its figures (``steady``) and its ``pid``,
+    which led a session of its own that is gone when this returns."""
+    cmd = [sys.executable, "-m", "bench.impala", *flags, "--out", out]
+    with open(os.path.join(os.path.dirname(out), os.path.basename(out) + ".log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stopped = False
+        try:
+            try:
+                proc.wait(seconds or None)
+            except subprocess.TimeoutExpired:
+                stopped = True
+                os.killpg(proc.pid, signal.SIGINT)  # as Ctrl+C: the job stops and writes its files
+                proc.wait(STOP_GRACE_S)
+        finally:
+            if proc.poll() is None:  # did not stop in time, or this process is being interrupted
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if proc.returncode != 0 and not stopped:
+        with open(log.name) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    with open(os.path.join(out, "log.csv")) as f:
+        return {**steady(list(csv.DictReader(f))), "pid": proc.pid}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    arms = [["--log-interval", str(args.log_interval), *shlex.split(args.common), *shlex.split(a)] for a in args.arm]
+    print(
+        f"# bench.impala_compare {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} "
+        f"rounds={args.rounds} seconds={args.seconds:g} common={args.common!r}",
+        flush=True,
+    )
+    results: list[list[dict]] = [[] for _ in arms]
+    with contextlib.ExitStack() as stack:
+        root = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="impala-compare-"))
+        os.makedirs(root, exist_ok=True)
+        for r in range(args.rounds):
+            for k in range(len(arms)):
+                i = (k + r) % len(arms)
+                got = run_one(arms[i], os.path.join(root, f"arm{i}-round{r + 1}"), args.seconds)
+                results[i].append(got)
+                print(f"  round {r + 1}: arm {i} ({_name(args.arm[i])}): {_describe(got)}", flush=True)
+    report = _report(args, results)
+    _print(args, report)
+    print("report: " + json.dumps(report), flush=True)
+    return 0
+
+
+def _describe(got: dict) -> str:
+    parts = [f"{got['frames_per_s']:,} frames/s"]
+    for name, fmt in (("wait_fraction", "learner waits {:.0%}"), ("env_busy", "env workers busy {:.0%}")):
+        if got[name] is not None:
+            parts.append(fmt.format(got[name]))
+    if got["inference_ms"] is not None:
+        parts.append(f"inference {got['inference_ms']:g} ms/batch")
+    if got["policy_lag"] is not None:
+        parts.append(f"lag {got['policy_lag']:g} updates")
+    return ", ".join(parts)
+
+
+def _name(flags: str) -> str:
+    return flags or "(--common only)"
+
+
+def _report(args: argparse.Namespace, results: list[list[dict]]) -> dict:
+    arms = []
+    for i, runs in enumerate(results):
+        ratios = [run["frames_per_s"] / first["frames_per_s"] for run, first in zip(runs, results[0], strict=True)]
+        arms.append(
+            {
+                "flags": args.arm[i],
+                "frames_per_s": round(statistics.median(r["frames_per_s"] for r in runs)),
+                "per_round": [r["frames_per_s"] for r in runs],
+                "ratio_to_first": round(statistics.median(ratios), 3),
+            }
+        )
+    return {"common": args.common, "rounds": args.rounds, "seconds": args.seconds, "arms": arms}
+
+
+def _print(args: argparse.Namespace, report: dict) -> None:
+    width = max(len(_name(a["flags"])) for a in report["arms"])
+    print(f"\narm  {'flags'.ljust(width)}  frames/s (median)  / arm 0 (median of rounds)  per round")
+    for i, a in enumerate(report["arms"]):
+        rounds = ", ".join(f"{x:,}" for x in a["per_round"])
+        print(
+            f"{i:<4} {_name(a['flags']).ljust(width)}  {a['frames_per_s']:>17,}  {a['ratio_to_first']:>26.2f}  {rounds}"
+        )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``python -m bench.impala_compare``: flags checked before anything runs, the figures a
+run's log gives, and a tiny comparison end to end (its figures are not checked: a
+benchmark is never a timed unit test), including a run stopped after ``--seconds``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bench import impala_compare
+
+TINY = "--env CartPole-v1 --num-actors 1 --num-workers 1 --envs-per-worker 4 --batch-size 4 --unroll-length 5"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arm", "--pin on"], "give at least 2 --arm to compare, got 1"),
+        (["--arm", "", "--arm", "--pin off", "--rounds", "0"], "--rounds must be >= 1, got 0"),
+        (["--arm", "", "--arm", "", "--seconds", "-1"], "--seconds must be >= 0"),
+        (["--arm", "--out /tmp/x", "--arm", ""], "'--out /tmp/x': --out is set by the comparison for every run"),
+        (["--arm", "--pin sometimes", "--arm", ""], "bench.impala refused the flags ' --pin sometimes'"),
+        (["--arm", "--env NoSuchEnv-v9", "--arm", ""], "unknown environment id 'NoSuchEnv-v9'"),
+        (["--arm", "'unclosed", "--arm", ""], "No closing quotation"),
+    ],
+)
+def test_mistakes_are_refused_before_any_run(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        impala_compare.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_keep_refuses_a_folder_that_holds_something(tmp_path):
+    (tmp_path / "old").mkdir()
+    with pytest.raises(SystemExit):
+        impala_compare.parse_args(["--arm", "", "--arm", "", "--keep", str(tmp_path)])
+
+
+def test_steady_skips_the_first_third_and_reads_the_last_row():
+    rows = [
+        {"fps": str(f), "wait_fraction": "0.5", "env_busy": "", "inference_ms": "2", "policy_lag": "1.5"}
+        for f in [10, 20, 30, 40, 50, 60]
+    ]
+    rows[-1]["wait_fraction"] = "0.25"
+    got = impala_compare.steady(rows)
+    assert got["frames_per_s"] == 45 and got["rows"] == 4  # the median of 30, 40, 50, 60
+    assert (got["wait_fraction"], got["env_busy"], got["inference_ms"], got["policy_lag"]) == (0.25, None, 2.0, 1.5)
+    assert impala_compare.steady(rows[:1])["frames_per_s"] == 10
+    with pytest.raises(ValueError, match="no log row"):
+        impala_compare.steady([])
+
+
+def _session_members(sid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:  # fields after the name: state, ppid, pgrp, session
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, shm_leak_check, monkeypatch):
+    pids = []
+    run_one = impala_compare.run_one
+
+    def recording(*a, **kw):
+        got = run_one(*a, **kw)
+        pids.append(got["pid"])
+        assert _session_members(got["pid"]) == [], "the run's processes outlived it"
+        return got
+
+    monkeypatch.setattr(impala_compare, "run_one", recording)
+    keep = tmp_path / "runs"
+    argv = ["--common", f"{TINY} --total-frames 100000000", "--arm", "--learner-threads 1", "--arm", "--pin off"]
+    assert (
+        impala_compare.main([*argv, "--rounds", "1", "--seconds", "10", "--log-interval", "1", "--keep", str(keep)])
+        == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# bench.impala_compare") and len(pids) == 2
+    assert sum(line.startswith("  round 1: arm ") for line in lines) == 2
+    report = json.loads(lines[-1][len("report: ") :])
+    assert [a["flags"] for a in report["arms"]] == ["--learner-threads 1", "--pin off"]
+    assert report["arms"][0]["ratio_to_first"] == 1.0
+    assert all(a["frames_per_s"] > 0 and len(a["per_round"]) == 1 for a in report["arms"])
+    assert sorted(os.listdir(keep)) == ["arm0-round1", "arm0-round1.log", "arm1-round1", "arm1-round1.log"]
+    assert "done: " not in (keep / "arm0-round1.log").read_text()  # stopped long before 100M frames
