@@ -49,7 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
     )
     parser.add_argument(
-        "--arm", action="append", default=[], metavar="FLAGS", help="one arm's bench.impala flags (give 2 or more)"
+        "--arm",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="one arm's bench.impala flags, quoted (give 2 or more; one flag alone as --arm=--use-lstm)",
     )
     parser.add_argument(
         "--common", default="", metavar="FLAGS", help="bench.impala flags every arm runs with, before its own"

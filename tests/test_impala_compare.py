@@ -33,6 +33,11 @@ def test_mistakes_are_refused_before_any_run(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_an_arm_may_be_one_flag_alone_or_none():
+    args = impala_compare.parse_args(["--arm=--use-lstm", "--arm", "", "--common", "--env CartPole-v1"])
+    assert args.arm == ["--use-lstm", ""] and args.common == "--env CartPole-v1"
+
+
 def test_keep_refuses_a_folder_that_holds_something(tmp_path):
     (tmp_path / "old").mkdir()
     with pytest.raises(SystemExit):
