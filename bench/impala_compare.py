@@ -11,7 +11,7 @@ speed drifts, so only what ran in the same rounds compares). A run ends at its
 Ctrl+C stops it. From each run's ``log.csv``: the median frames/s of its rows after the first
 third (start-up, compiling and filling the ring come first), and, from its last row, how
 long the learner waited for data, how busy the env workers were, the actors' inference
-ms per batch and the policy lag. The table gives each arm's medians over the rounds and
+ms per batch, the policy lag and the mean return (a faster plan must still learn). The table gives each arm's medians over the rounds and
 the median of its per-round ratios to the first arm; the last line is the report as JSON.
 """
 
@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import csv
 import json
+import math
 import os
 import platform
 import shlex
@@ -37,7 +38,7 @@ __all__ = ["main", "steady", "parse_args"]
 
 STOP_GRACE_S = 60.0
 """how long a run stopped with SIGINT may take to write its checkpoint and exit"""
-LAST_ROW_COLUMNS = ("wait_fraction", "env_busy", "inference_ms", "policy_lag")
+LAST_ROW_COLUMNS = ("mean_return", "wait_fraction", "env_busy", "inference_ms", "policy_lag")
 FIXED = ("--out", "--resume")
 
 
@@ -167,7 +168,13 @@ def _describe(got: dict) -> str:
         parts.append(f"inference {got['inference_ms']:g} ms/batch")
     if got["policy_lag"] is not None:
         parts.append(f"lag {got['policy_lag']:g} updates")
+    if got["mean_return"] is not None:
+        parts.append(f"mean return {got['mean_return']:g}")
     return ", ".join(parts)
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None  # the JSON line stays standard JSON
 
 
 def _name(flags: str) -> str:
@@ -184,6 +191,7 @@ def _report(args: argparse.Namespace, results: list[list[dict]]) -> dict:
                 "frames_per_s": round(statistics.median(r["frames_per_s"] for r in runs)),
                 "per_round": [r["frames_per_s"] for r in runs],
                 "ratio_to_first": round(statistics.median(ratios), 3),
+                "mean_return_per_round": [_finite(r["mean_return"]) for r in runs],
             }
         )
     return {"common": args.common, "rounds": args.rounds, "seconds": args.seconds, "arms": arms}

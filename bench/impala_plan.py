@@ -23,7 +23,9 @@ torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side)
   should not be kept from the actors). On 2 cores that ran the CartPole job at 68-76K
   frames/s against 36-38K for the Nature CNN's plan (1 actor x 2 workers x 16, pinned;
   3 interleaved rounds), with a policy lag of 6.5-7 updates instead of 1-2; every one of
-  five such runs scored 500. 64 environments per worker ran 75-81K frames/s, but at a
+  five such runs scored 500. ``python -m bench.impala_compare --common "--env CartPole-v1"
+  --arm "" --arm "--num-actors 1 --num-workers 2 --envs-per-worker 16 --pin on"`` reruns
+  it (1.9x again later: 60.8K against 32.7K frames/s, medians of 3 rounds). 64 environments per worker ran 75-81K frames/s, but at a
   lag of 11 updates one run in three collapsed to a return of 9.
 - CPU, bf16: where the CPU computes bf16 natively (AVX512-BF16 or AMX), the learner of
   a convolutional model runs under bf16 autocast: on this machine's AMD EPYC (Zen 4,

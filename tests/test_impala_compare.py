@@ -46,13 +46,21 @@ def test_keep_refuses_a_folder_that_holds_something(tmp_path):
 
 def test_steady_skips_the_first_third_and_reads_the_last_row():
     rows = [
-        {"fps": str(f), "wait_fraction": "0.5", "env_busy": "", "inference_ms": "2", "policy_lag": "1.5"}
+        {
+            "fps": str(f),
+            "wait_fraction": "0.5",
+            "env_busy": "",
+            "inference_ms": "2",
+            "policy_lag": "1.5",
+            "mean_return": "12.5",
+        }
         for f in [10, 20, 30, 40, 50, 60]
     ]
     rows[-1]["wait_fraction"] = "0.25"
     got = impala_compare.steady(rows)
     assert got["frames_per_s"] == 45 and got["rows"] == 4  # the median of 30, 40, 50, 60
     assert (got["wait_fraction"], got["env_busy"], got["inference_ms"], got["policy_lag"]) == (0.25, None, 2.0, 1.5)
+    assert got["mean_return"] == 12.5
     assert impala_compare.steady(rows[:1])["frames_per_s"] == 10
     with pytest.raises(ValueError, match="no log row"):
         impala_compare.steady([])
@@ -96,6 +104,8 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
     report = json.loads(lines[-1][len("report: ") :])
     assert [a["flags"] for a in report["arms"]] == ["--learner-threads 1", "--pin off"]
     assert report["arms"][0]["ratio_to_first"] == 1.0
-    assert all(a["frames_per_s"] > 0 and len(a["per_round"]) == 1 for a in report["arms"])
+    assert all(
+        a["frames_per_s"] > 0 and len(a["per_round"]) == len(a["mean_return_per_round"]) == 1 for a in report["arms"]
+    )
     assert sorted(os.listdir(keep)) == ["arm0-round1", "arm0-round1.log", "arm1-round1", "arm1-round1.log"]
     assert "done: " not in (keep / "arm0-round1.log").read_text()  # stopped long before 100M frames
