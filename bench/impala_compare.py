@@ -38,6 +38,8 @@ __all__ = ["main", "steady", "parse_args"]
 
 STOP_GRACE_S = 60.0
 """how long a run stopped with SIGINT may take to write its checkpoint and exit"""
+SESSION_END_S = 15.0
+"""how long the nodes of a killed run may take to see their parent gone and exit"""
 LAST_ROW_COLUMNS = ("mean_return", "wait_fraction", "env_busy", "inference_ms", "policy_lag")
 FIXED = ("--out", "--resume")
 
@@ -110,7 +112,8 @@ def steady(rows: list[dict]) -> dict:
 
 def run_one(flags: list[str], out: str, seconds: float) -> dict:
     """One ``python -m bench.impala`` run into ``out``: its figures (``steady``) and its ``pid``,
-    which led a session of its own that is gone when this returns."""
+    which led a session of its own that is gone when this returns (Linux: the session's
+    members are found in /proc)."""
     cmd = [sys.executable, "-m", "bench.impala", *flags, "--out", out]
     with open(os.path.join(os.path.dirname(out), os.path.basename(out) + ".log"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -121,18 +124,47 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
             except subprocess.TimeoutExpired:
                 stopped = True
                 os.killpg(proc.pid, signal.SIGINT)  # as Ctrl+C: the job stops and writes its files
-                proc.wait(STOP_GRACE_S)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(STOP_GRACE_S)  # else killed below; the rows it logged still count
         finally:
             if proc.poll() is None:  # did not stop in time, or this process is being interrupted
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                _await_session_end(proc.pid)
     if proc.returncode != 0 and not stopped:
         with open(log.name) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}:\n{tail}")
     with open(os.path.join(out, "log.csv")) as f:
         return {**steady(list(csv.DictReader(f))), "pid": proc.pid}
+
+
+def _session_members(sid: int) -> list[int]:
+    """The processes of session ``sid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # it ended meanwhile
+            if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+                found.append(int(entry))
+    return found
+
+
+def _await_session_end(sid: int, timeout: float = SESSION_END_S) -> None:
+    """After its leader was killed: the job's nodes see their parent gone and exit, and its
+    janitor removes their shared memory once they have; what is left after ``timeout`` s
+    is killed."""
+    deadline = time.monotonic() + timeout
+    while (left := _session_members(sid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from helpers import wait_until
 
 from bench import impala_compare
 
@@ -66,18 +67,7 @@ def test_steady_skips_the_first_third_and_reads_the_last_row():
         impala_compare.steady([])
 
 
-def _session_members(sid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid:  # fields after the name: state, ppid, pgrp, session
-                found.append(int(entry))
-    return found
+_session_members = impala_compare._session_members
 
 
 @pytest.mark.slow
@@ -109,3 +99,20 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
     )
     assert sorted(os.listdir(keep)) == ["arm0-round1", "arm0-round1.log", "arm1-round1", "arm1-round1.log"]
     assert "done: " not in (keep / "arm0-round1.log").read_text()  # stopped long before 100M frames
+
+
+@pytest.mark.slow
+def test_a_run_that_does_not_stop_in_its_grace_is_killed_with_its_whole_session(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(impala_compare, "STOP_GRACE_S", 0.0)  # SIGKILL right after the SIGINT
+    before = set(os.listdir("/dev/shm"))
+    got = impala_compare.run_one(
+        ["--log-interval", "1", *f"{TINY} --total-frames 100000000".split()], str(tmp_path / "run"), 8.0
+    )
+    assert got["frames_per_s"] > 0  # the rows it logged before it was killed
+    assert _session_members(got["pid"]) == []  # its nodes saw their parent gone and exited
+    assert wait_until(lambda: not (set(os.listdir("/dev/shm")) - before), 10.0), set(os.listdir("/dev/shm")) - before
+
+
+def test_session_members_are_read_from_proc():
+    assert os.getpid() in _session_members(os.getsid(0))
+    assert _session_members(2**22 + 12345) == []  # above pid_max's default: no such session
