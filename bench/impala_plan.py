@@ -18,8 +18,9 @@ torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side)
   MLP, whose update is overhead, nor for the LSTM core's step loop.
 - CPU, an MLP (CartPole): the actors are the bottleneck, not their env workers (10-20%
   busy) but each actor's own loop (its Python and its small network), so there is one
-  actor per core, each with 2 workers of 32 environments (bigger batches spread the
-  loop's cost), and nothing is pinned (the learner is idle most of the time, and its core
+  actor per core up to 2 (with 2 the learner is busy 82-89% of the time: more actors
+  would only lengthen the policy lag), each with 2 workers of 32 environments (bigger
+  batches spread the loop's cost), and nothing is pinned (the learner is idle most of the time, and its core
   should not be kept from the actors). On 2 cores that ran the CartPole job at 68-76K
   frames/s against 36-38K for the Nature CNN's plan (1 actor x 2 workers x 16, pinned;
   3 interleaved rounds), with a policy lag of 6.5-7 updates instead of 1-2; every one of
@@ -55,6 +56,9 @@ AUTO = "auto"
 PIN_BY_DEFAULT = True
 """whether ``--pin auto`` pins a convolutional model's job on a CPU: yes, 1.22x frames/s on 2 cores with an fp32 learner, 1.03x with bf16 (docs/results/cpu-pinning)"""
 ENVS_PER_WORKER = 16
+MLP_MAX_ACTORS = 2
+"""an MLP's actors on a CPU, one per core up to this: with 2 the learner already waited only 11-18%
+of the time, so more actors would add policy lag (unrolls waiting for the ring), not frames"""
 MLP_ENVS_PER_WORKER = 32
 """an MLP's actors on a CPU: 32 environments per worker ran the CartPole job 1.19x and 1.33x as fast as 16 (two interleaved rounds)"""
 
@@ -111,7 +115,7 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
         workers = max(1, cores // (2 * actors)) if cores > 2 else max(1, cores)
         threads = max(1, cores // 2)
     else:
-        actors, workers, threads = cores, 2, 1
+        actors, workers, threads = min(cores, MLP_MAX_ACTORS), 2, 1
     actors = args.num_actors or actors
     workers = args.num_workers or workers
     envs = args.envs_per_worker or (ENVS_PER_WORKER if conv or cuda else MLP_ENVS_PER_WORKER)

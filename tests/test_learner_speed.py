@@ -169,7 +169,8 @@ def _args(**kw):
     [
         (dict(), 2, (1, 2, 16, 1, True, False)),  # this machine: one learner thread beside the actors
         (dict(model="mlp"), 2, (2, 2, 32, 1, False, False)),  # the actors' loops bound an MLP's job: one per core
-        (dict(model="mlp"), 16, (16, 2, 32, 1, False, False)),
+        (dict(model="mlp"), 16, (2, 2, 32, 1, False, False)),  # 2 actors already keep its learner busy
+        (dict(model="mlp"), 1, (1, 2, 32, 1, False, False)),
         (dict(model="mlp", device="cuda"), 16, (2, 6, 16, 1, False, False)),
         (dict(), 16, (2, 4, 16, 8, True, False)),
         (dict(device="cuda"), 16, (2, 6, 16, 1, False, True)),
