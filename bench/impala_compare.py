@@ -11,8 +11,9 @@ speed drifts, so only what ran in the same rounds compares). A run ends at its
 Ctrl+C stops it. From each run's ``log.csv``: the median frames/s of its rows after the first
 third (start-up, compiling and filling the ring come first), and, from its last row, how
 long the learner waited for data, how busy the env workers were, the actors' inference
-ms per batch, the policy lag and the mean return (a faster plan must still learn). The table gives each arm's medians over the rounds and
-the median of its per-round ratios to the first arm; the last line is the report as JSON.
+ms per batch, the policy lag and the mean return (a faster plan must still learn). The
+table gives each arm's medians over the rounds and the median of its per-round ratios to
+the first arm; the last line is the report as JSON.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
         with open(log.name) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}:\n{tail}")
+    if not os.path.exists(os.path.join(out, "log.csv")):
+        raise RuntimeError(f"{shlex.join(cmd)} wrote no log.csv (give it more --seconds); see {log.name}")
     with open(os.path.join(out, "log.csv")) as f:
         return {**steady(list(csv.DictReader(f))), "pid": proc.pid}
 

@@ -102,7 +102,7 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
 
 
 @pytest.mark.slow
-def test_a_run_that_does_not_stop_in_its_grace_is_killed_with_its_whole_session(tmp_path, capsys, monkeypatch):
+def test_a_run_that_does_not_stop_in_its_grace_is_killed_with_its_whole_session(tmp_path, monkeypatch):
     monkeypatch.setattr(impala_compare, "STOP_GRACE_S", 0.0)  # SIGKILL right after the SIGINT
     before = set(os.listdir("/dev/shm"))
     got = impala_compare.run_one(
