@@ -9,9 +9,10 @@ and then the arm's flags, in an order that rotates from round to round (a shared
 speed drifts, so only what ran in the same rounds compares). A run ends at its
 ``--total-frames`` or, with ``--seconds``, at the first of the two: it is then stopped as
 Ctrl+C stops it. From each run's ``log.csv``: the median frames/s of its rows after the first
-third (start-up, compiling and filling the ring come first), and, from its last row, how
-long the learner waited for data, how busy the env workers were, the actors' inference
-ms per batch, the policy lag and the mean return (a faster plan must still learn). The
+third (start-up, compiling and filling the ring come first), the medians over the same rows
+of how long the learner waited for data, how busy the env workers were, the actors'
+inference ms per batch and the policy lag, and the last row's mean return (a faster plan
+must still learn). The
 table gives each arm's medians over the rounds and the median of its per-round ratios to
 the first arm; the last line is the report as JSON.
 """
@@ -41,7 +42,7 @@ STOP_GRACE_S = 60.0
 """how long a run stopped with SIGINT may take to write its checkpoint and exit"""
 SESSION_END_S = 15.0
 """how long the nodes of a killed run may take to see their parent gone and exit"""
-LAST_ROW_COLUMNS = ("mean_return", "wait_fraction", "env_busy", "inference_ms", "policy_lag")
+STEADY_COLUMNS = ("wait_fraction", "env_busy", "inference_ms", "policy_lag")
 FIXED = ("--out", "--resume")
 
 
@@ -100,14 +101,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def steady(rows: list[dict]) -> dict:
-    """A run's figures from its log rows: the median frames/s after the first third, and the last row's others."""
+    """A run's figures from its log rows: the medians of frames/s and of the breakdown
+    (``STEADY_COLUMNS``) over the rows after the first third, and the last row's mean return.
+    A column that no kept row fills is ``None``."""
     if not rows:
         raise ValueError("the run wrote no log row")
     kept = rows[len(rows) // 3 :]
     out = {"frames_per_s": round(statistics.median(float(r["fps"]) for r in kept)), "rows": len(kept)}
-    for name in LAST_ROW_COLUMNS:
-        value = rows[-1].get(name, "")
-        out[name] = float(value) if value not in ("", None) else None
+    for name in STEADY_COLUMNS:
+        values = [float(r[name]) for r in kept if r.get(name) not in ("", None)]
+        out[name] = statistics.median(values) if values else None
+    value = rows[-1].get("mean_return", "")
+    out["mean_return"] = float(value) if value not in ("", None) else None
     return out
 
 
@@ -196,15 +201,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _describe(got: dict) -> str:
     parts = [f"{got['frames_per_s']:,} frames/s"]
-    for name, fmt in (("wait_fraction", "learner waits {:.0%}"), ("env_busy", "env workers busy {:.0%}")):
+    for name, fmt in (
+        ("wait_fraction", "learner waits {:.0%}"),
+        ("env_busy", "env workers busy {:.0%}"),
+        ("inference_ms", "inference {:.3g} ms/batch"),
+        ("policy_lag", "lag {:.3g} updates"),
+        ("mean_return", "mean return {:g}"),
+    ):
         if got[name] is not None:
             parts.append(fmt.format(got[name]))
-    if got["inference_ms"] is not None:
-        parts.append(f"inference {got['inference_ms']:g} ms/batch")
-    if got["policy_lag"] is not None:
-        parts.append(f"lag {got['policy_lag']:g} updates")
-    if got["mean_return"] is not None:
-        parts.append(f"mean return {got['mean_return']:g}")
     return ", ".join(parts)
 
 

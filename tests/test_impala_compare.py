@@ -45,7 +45,7 @@ def test_keep_refuses_a_folder_that_holds_something(tmp_path):
         impala_compare.parse_args(["--arm", "", "--arm", "", "--keep", str(tmp_path)])
 
 
-def test_steady_skips_the_first_third_and_reads_the_last_row():
+def test_steady_takes_medians_after_the_first_third_and_the_last_rows_return():
     rows = [
         {
             "fps": str(f),
@@ -57,11 +57,14 @@ def test_steady_skips_the_first_third_and_reads_the_last_row():
         }
         for f in [10, 20, 30, 40, 50, 60]
     ]
-    rows[-1]["wait_fraction"] = "0.25"
+    rows[0]["wait_fraction"] = "0.9"  # start-up: not counted
+    rows[-1]["wait_fraction"] = "0.25"  # one outlying row does not move the median
+    rows[-1]["mean_return"] = "14"
+    rows[2]["inference_ms"] = rows[3]["inference_ms"] = "4"
     got = impala_compare.steady(rows)
     assert got["frames_per_s"] == 45 and got["rows"] == 4  # the median of 30, 40, 50, 60
-    assert (got["wait_fraction"], got["env_busy"], got["inference_ms"], got["policy_lag"]) == (0.25, None, 2.0, 1.5)
-    assert got["mean_return"] == 12.5
+    assert (got["wait_fraction"], got["env_busy"], got["inference_ms"], got["policy_lag"]) == (0.5, None, 3.0, 1.5)
+    assert got["mean_return"] == 14.0
     assert impala_compare.steady(rows[:1])["frames_per_s"] == 10
     with pytest.raises(ValueError, match="no log row"):
         impala_compare.steady([])
