@@ -2,19 +2,17 @@
 optimiser step, new weights to the weight store.
 
 A batch is ``ring.get_batch(B, torch=True)``: zero-copy ``[B, T+1, ...]`` views of
-the ring's slots, made time-major ``[T+1, B, ...]`` by a transpose. On the CPU the
-update reads the slots in place and they go back to the ring once the backward pass
-no longer needs them; on a GPU they are copied once into pinned staging, go back at
-once, and reach the device on a side stream while the previous update computes
-(``learners.transfer``). Weights are published every ``publish_every`` updates (or every
-``publish_seconds``), from a
-GPU without waiting for the device. ``compile`` and ``bf16`` choose how the forward
-pass and the loss run. Rows follow
-``actors.rollout``: row ``t`` holds the observation, the action taken from it
-and its behaviour logits, and the reward and done that came *with* it. A model
-with an LSTM core starts each unroll from the core state stored in its slot
-(``core_state_<i>``, ``[B, layers, hidden]``, made ``[layers, B, hidden]`` by the
-same transpose), as torchbeast and moolib do.
+the ring's slots. They are copied once, made time-major ``[T+1, B, ...]``, into staging
+buffers and go back to the ring at once, before the update; on a GPU the staging is
+pinned and the batch reaches the device on a side stream while the previous update
+computes (``learners.transfer``). Weights are published every ``publish_every`` updates
+(or every ``publish_seconds``), from a GPU without waiting for the device. ``compile``
+and ``bf16`` choose how the forward pass and the loss run. Rows follow
+``actors.rollout``: row ``t`` holds the observation, the action taken from it and its
+behaviour logits, and the reward and done that came *with* it. A model with an LSTM
+core starts each unroll from the core state stored in its slot (``core_state_<i>``,
+``[B, layers, hidden]``, made ``[layers, B, hidden]`` by the same copy), as torchbeast
+and moolib do.
 """
 
 from __future__ import annotations
@@ -170,8 +168,8 @@ class Learner:
                 momentum=config.rmsprop_momentum,
                 foreach=True,
             )
-        self.stager: BatchStager | None = BatchStager(self.device) if cuda else None
-        """on a GPU, batches go ring -> pinned staging -> device, double-buffered"""
+        self.stager = BatchStager(self.device)
+        """batches go ring -> time-major staging (pinned on a GPU) -> device, double-buffered"""
         self.compiled = config.compile
         """whether the loss runs compiled (False after a failed compile fell back to eager)"""
         self._loss_fn = torch.compile(self._loss) if config.compile else self._loss
@@ -225,21 +223,15 @@ class Learner:
                 self.publisher.publish(self.steps)  # the group's state replaced ours
         batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
         t1 = time.perf_counter()
-        if self.stager is None:
-            try:
-                loss = self.update(_time_major(batch))  # [T+1, B, ...]
-            finally:
-                self.ring.release()
-        else:
-            try:
-                i = self.stager.stage(batch)
-            finally:
-                self.ring.release()  # the slots are free while the copy to the device and the update run
-            self._count_episodes(_time_major(self.stager.host(i)))
-            try:
-                loss = self._update(_time_major(self.stager.to_device(i)))
-            finally:
-                self.stager.done(i)
+        try:
+            i = self.stager.stage(batch)  # [T+1, B, ...]
+        finally:
+            self.ring.release()  # the slots are free while the copy to the device and the update run
+        self._count_episodes(self.stager.host(i))
+        try:
+            loss = self._update(self.stager.to_device(i))
+        finally:
+            self.stager.done(i)
         self._wait_s += t1 - t0
         self._update_s += time.perf_counter() - t1
         return loss
@@ -375,7 +367,3 @@ class Learner:
 
     def load(self, path: str) -> None:
         self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
-
-
-def _time_major(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.transpose(0, 1) for k, v in batch.items()}  # [B, T+1, ...] -> [T+1, B, ...], no copy

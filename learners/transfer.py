@@ -1,11 +1,11 @@
 """Moving data between the ring, the learner's device and the weight store without
 stalling the device.
 
-``BatchStager``: a batch of ring slots ``{field: [B, T+1, ...]}`` is copied once into
-one of two host staging buffers (pinned on CUDA), the slots go back to the ring at
-once, and the copy to the device is issued on a side stream into one of two device
-buffers. The compute stream waits for that copy only when it needs the batch, so the
-copy of batch ``k+1`` runs while update ``k`` computes::
+``BatchStager``: a batch of ring slots ``{field: [B, T+1, ...]}`` is copied once, made
+time-major, into one of two host staging buffers ``{field: [T+1, B, ...]}`` (pinned on
+CUDA), the slots go back to the ring at once, and the copy to the device is issued on a
+side stream into one of two device buffers. The compute stream waits for that copy only
+when it needs the batch, so the copy of batch ``k+1`` runs while update ``k`` computes::
 
     host thread   get_batch(k+1) -> memcpy into staging[(k+1)%2] -> release slots -> issue H2D ...
     copy stream                                          H2D(k+1) after update(k-1) used device[(k+1)%2]
@@ -14,8 +14,9 @@ copy of batch ``k+1`` runs while update ``k`` computes::
 A staging buffer is written again only after its last copy to the device finished
 (an event), and a device buffer only after the update that read it (another event),
 so neither is overwritten while in use. On the CPU the same code runs with plain
-(unpinned) buffers and no streams: a staged batch is then one copy of the slots,
-which frees them before the update instead of after it.
+(unpinned) buffers and no streams: a staged batch is then one copy of the slots, which
+frees them before the update instead of after it, and gives the update contiguous
+time-major tensors instead of transposed views of the slots.
 
 ``WeightPublisher``: every ``every`` updates (or, given ``seconds``, at the first update
 ``seconds`` after the last publish) the model goes to the weight store. From
@@ -58,10 +59,11 @@ def _event(device: torch.device):
 class BatchStager:
     """Double-buffered ``ring batch -> device`` copies (see the module docstring).
 
-    ``stage(batch)`` copies the host tensors (the ring's views) and returns the buffer
-    index; after it the caller may release the slots. ``to_device(i)`` returns the
-    device tensors of buffer ``i`` (ready for the current stream) and ``done(i)`` says
-    the current stream has issued all the work that reads them."""
+    ``stage(batch)`` copies the host tensors (the ring's views, ``[B, T+1, ...]``) into
+    time-major ``[T+1, B, ...]`` buffers and returns the buffer index; after it the
+    caller may release the slots. ``to_device(i)`` returns the device tensors of buffer
+    ``i`` (ready for the current stream) and ``done(i)`` says the current stream has
+    issued all the work that reads them."""
 
     def __init__(self, device: str | torch.device):
         self.device = torch.device(device)
@@ -79,17 +81,18 @@ class BatchStager:
         self._next ^= 1
         host = self._host[i]
         if not host:
-            host.update({k: torch.empty(v.shape, dtype=v.dtype, pin_memory=self._cuda) for k, v in batch.items()})
+            shapes = {k: (v.shape[1], v.shape[0], *v.shape[2:]) for k, v in batch.items()}  # [T+1, B, ...]
+            host.update({k: torch.empty(shapes[k], dtype=v.dtype, pin_memory=self._cuda) for k, v in batch.items()})
             if self._cuda:
-                self._dev[i] = {k: torch.empty(v.shape, dtype=v.dtype, device=self.device) for k, v in batch.items()}
+                self._dev[i] = {k: torch.empty(shapes[k], dtype=v.dtype, device=self.device) for k, v in batch.items()}
         self._copied[i].synchronize()  # the previous copy out of host[i] is done: overwrite it
         for k, v in batch.items():
-            host[k].copy_(v)
+            host[k].copy_(v.transpose(0, 1))
         self.batches += 1
         return i
 
     def host(self, i: int) -> dict[str, torch.Tensor]:
-        """The staged host copy of buffer ``i`` (for counting on the CPU without a sync)."""
+        """The staged host copy of buffer ``i``, time-major (for counting on the CPU without a sync)."""
         return self._host[i]
 
     def to_device(self, i: int) -> dict[str, torch.Tensor]:
