@@ -12,9 +12,8 @@ Ctrl+C stops it. From each run's ``log.csv``: the median frames/s of its rows af
 third (start-up, compiling and filling the ring come first), the medians over the same rows
 of how long the learner waited for data, how busy the env workers were, the actors'
 inference ms per batch and the policy lag, and the last row's mean return (a faster plan
-must still learn). The
-table gives each arm's medians over the rounds and the median of its per-round ratios to
-the first arm; the last line is the report as JSON.
+must still learn). The table gives each arm's medians over the rounds and the median of its
+per-round ratios to the first arm; the last line is the report as JSON.
 """
 
 from __future__ import annotations
