@@ -13,7 +13,8 @@ third (start-up, compiling and filling the ring come first), the medians over th
 of how long the learner waited for data, how busy the env workers were, the actors'
 inference ms per batch and the policy lag, and the last row's mean return (a faster plan
 must still learn). The table gives each arm's medians over the rounds and the median of its
-per-round ratios to the first arm; the last line is the report as JSON.
+per-round ratios to the first arm; the last line is the report as JSON, with each run's
+breakdown.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def steady(rows: list[dict]) -> dict:
     out = {"frames_per_s": round(statistics.median(float(r["fps"]) for r in kept)), "rows": len(kept)}
     for name in STEADY_COLUMNS:
         values = [float(r[name]) for r in kept if r.get(name) not in ("", None)]
-        out[name] = statistics.median(values) if values else None
+        out[name] = round(statistics.median(values), 4) if values else None
     value = rows[-1].get("mean_return", "")
     out["mean_return"] = float(value) if value not in ("", None) else None
     return out
@@ -231,6 +232,7 @@ def _report(args: argparse.Namespace, results: list[list[dict]]) -> dict:
                 "per_round": [r["frames_per_s"] for r in runs],
                 "ratio_to_first": round(statistics.median(ratios), 3),
                 "mean_return_per_round": [_finite(r["mean_return"]) for r in runs],
+                "breakdown_per_round": [{k: _finite(r[k]) for k in STEADY_COLUMNS} for r in runs],
             }
         )
     return {"common": args.common, "rounds": args.rounds, "seconds": args.seconds, "arms": arms}

@@ -100,6 +100,9 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
     assert all(
         a["frames_per_s"] > 0 and len(a["per_round"]) == len(a["mean_return_per_round"]) == 1 for a in report["arms"]
     )
+    for a in report["arms"]:  # each run's breakdown, as its line printed it
+        (b,) = a["breakdown_per_round"]
+        assert set(b) == set(impala_compare.STEADY_COLUMNS) and 0 <= b["wait_fraction"] <= 1
     assert sorted(os.listdir(keep)) == ["arm0-round1", "arm0-round1.log", "arm1-round1", "arm1-round1.log"]
     assert "done: " not in (keep / "arm0-round1.log").read_text()  # stopped long before 100M frames
 
