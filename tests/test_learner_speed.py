@@ -18,6 +18,7 @@ from bench.impala_plan import make_plan
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from learners.transfer import HISTORY, BatchStager, WeightPublisher
+from shmpad import WouldBlock
 from shmpad.ringbuf import TypedRing, WeightStore
 from tests.test_learner import OBS, A, B, T, _fill, _spec
 
@@ -52,6 +53,28 @@ def test_staged_update_equals_the_in_place_update(ring):
         assert torch.equal(p, q)
     assert staged.stager.batches == 3
     assert (staged.statistics().episodes, staged.statistics().frames) == (3 * B, 3 * B * T)
+
+
+def test_the_slots_go_back_to_the_ring_before_the_update(ring):
+    learner = _learner(ring)
+    update, free = learner._update, []
+
+    def update_counting_free_slots(batch):
+        n = 0
+        with pytest.raises(WouldBlock):
+            while n <= 4 * B:  # every slot, the batch's too, can be written while the update runs
+                ring.reserve_nowait()
+                ring.commit()
+                n += 1
+        free.append(n)
+        return update(batch)
+
+    learner._update = update_counting_free_slots
+    _fill(ring, B, 0)
+    learner.step(timeout=5)
+    assert free == [4 * B] and learner.statistics().steps == 1
+    ring.get_batch(4 * B, timeout=5)
+    ring.release()
 
 
 def test_the_stager_copies_so_the_slots_can_be_reused_at_once(ring):
