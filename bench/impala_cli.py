@@ -84,8 +84,9 @@ FAMILY_DEFAULTS = {
         entropy_cost=0.01,
         batch_size=16,
         # The MLP's update takes about 2 ms: publishing after every one cost the learner fed from the
-        # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of bench.impala_throughput's
-        # two learner subjects, bench.impala_learner_cost, run from a script not kept). Every 10 ms, 5 runs of tests/test_impala.py's CartPole job each way scored
+        # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of
+        # bench.impala_throughput's two learner subjects, bench.impala_learner_cost, run from a script
+        # not kept). Every 10 ms, 5 runs of tests/test_impala.py's CartPole job each way scored
         # 491-500 against 482-500, with a policy lag of 1.8 updates against 0.9-1.4.
         publish_seconds=0.01,
     ),

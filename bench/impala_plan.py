@@ -20,14 +20,15 @@ torch 2.13; ``python -m bench.impala_learner_cost`` measures the learner's side)
   busy) but each actor's own loop (its Python and its small network), so there is one
   actor per core up to 2 (with 2 the learner is busy 82-89% of the time: more actors
   would only lengthen the policy lag), each with 2 workers of 32 environments (bigger
-  batches spread the loop's cost), and nothing is pinned (the learner is idle most of the time, and its core
-  should not be kept from the actors). On 2 cores that ran the CartPole job at 68-76K
+  batches spread the loop's cost), and nothing is pinned (the learner is idle most of
+  the time, and its core should not be kept from the actors). On 2 cores that ran the CartPole job at 68-76K
   frames/s against 36-38K for the Nature CNN's plan (1 actor x 2 workers x 16, pinned;
   3 interleaved rounds), with a policy lag of 6.5-7 updates instead of 1-2; every one of
   five such runs scored 500. ``python -m bench.impala_compare --common "--env CartPole-v1"
   --arm "" --arm "--num-actors 1 --num-workers 2 --envs-per-worker 16 --pin on"`` reruns
-  it (1.9x again later: 60.8K against 32.7K frames/s, medians of 3 rounds). 64 environments per worker ran 75-81K frames/s, but at a
-  lag of 11 updates one run in three collapsed to a return of 9.
+  it (1.9x again later: 60.8K against 32.7K frames/s, medians of 3 rounds). 64
+  environments per worker ran 75-81K frames/s, but at a lag of 11 updates one run in
+  three collapsed to a return of 9.
 - CPU, bf16: where the CPU computes bf16 natively (AVX512-BF16 or AMX), the learner of
   a convolutional model runs under bf16 autocast: on this machine's AMD EPYC (Zen 4,
   avx512_bf16) a compiled 1-thread Nature-CNN update ran 1.81-2.08x as many updates/s as

@@ -224,7 +224,7 @@ class Learner:
         batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
         t1 = time.perf_counter()
         try:
-            i = self.stager.stage(batch)  # [T+1, B, ...]
+            i = self.stager.stage(batch)  # staging buffer i now holds the batch, [T+1, B, ...]
         finally:
             self.ring.release()  # the slots are free while the copy to the device and the update run
         self._count_episodes(self.stager.host(i))

@@ -1,8 +1,8 @@
 """The learner's speed paths on the CPU: the double-buffered stager (run with plain
 buffers on the CPU, pinned on a GPU) gives the same update as the slots' own time-major
-views and frees the slots before the update; weights are published every ``publish_every`` updates;
-bf16 autocast gives gradients close to fp32's; a compiled loss gives the same loss as
-eager; the plan fills the cores it is given."""
+views and frees the slots before the update; weights are published every
+``publish_every`` updates; bf16 autocast gives gradients close to fp32's; a compiled
+loss gives the same loss as eager; the plan fills the cores it is given."""
 
 from __future__ import annotations
 
