@@ -39,7 +39,16 @@ import shmpad as lp
 from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
 from bench import rundir
 from bench.cli import explicit_options, parser_for
-from bench.impala_cli import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
+from bench.impala_cli import (
+    ALGO_DEFAULTS,
+    CHOICES,
+    EXAMPLES,
+    FAMILY_DEFAULTS,
+    HELP_GROUPS,
+    advice,
+    env_family,
+    summary,
+)
 from bench.impala_log import (
     CSV_COLUMNS,
     EPISODE_COLUMNS,
@@ -100,6 +109,18 @@ class Args:
     """clip the gradient norm (0: no clipping)"""
     reduction: str = "mean"
     """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
+    algo: str = "impala"
+    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs; unless given, learning rate 2.5e-4, entropy cost 0.01, gradient norm clip 0.5, V-trace lambda 0.95)"""
+    epochs: int = 0
+    """appo: passes over each batch (0: from the plan)"""
+    minibatches: int = 2
+    """appo: minibatches per pass, whole unrolls each (--batch-size must be a multiple)"""
+    clip: float = 0.1
+    """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
+    value_clip: float = 0.0
+    """appo: how far one batch's steps may move the baseline before its loss stops pulling (0: no clipping)"""
+    vtrace_lambda: float = 1.0
+    """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
     full_action_space: bool = False
     """Atari: all 18 actions instead of the game's minimal set"""
     queue_slots: int = 0
@@ -161,17 +182,38 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     given = explicit_options(parser, argv)
     if measuring:
         given.add("total_frames")
-    args = dataclasses.replace(args, **{k: v for k, v in FAMILY_DEFAULTS.get(family, {}).items() if k not in given})
+    defaults = {**ALGO_DEFAULTS.get(args.algo, {}), **FAMILY_DEFAULTS.get(family, {})}
+    args = dataclasses.replace(args, **{k: v for k, v in defaults.items() if k not in given})
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
     for name, n in dict(
-        num_actors=0, num_workers=0, envs_per_worker=0, learner_threads=0, publish_every=1, publish_seconds=0
+        num_actors=0,
+        num_workers=0,
+        envs_per_worker=0,
+        learner_threads=0,
+        publish_every=1,
+        publish_seconds=0,
+        epochs=0,
+        minibatches=1,
+        clip=0,
+        value_clip=0,
+        vtrace_lambda=0,
     ).items():
         if not getattr(args, name) >= n:
             parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
+    if args.vtrace_lambda > 1:
+        parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
+    if args.algo == "appo" and args.batch_size % args.minibatches:
+        parser.error(
+            f"--batch-size ({args.batch_size}) must be a multiple of --minibatches ({args.minibatches}): "
+            "a minibatch is a whole number of unrolls"
+        )
+    if args.algo == "appo" and args.peers:
+        parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
     plan = make_plan(args)
     args = dataclasses.replace(
         args,
+        epochs=plan.epochs,
         num_actors=plan.num_actors,
         num_workers=plan.num_workers,
         envs_per_worker=plan.envs_per_worker,
@@ -232,6 +274,12 @@ def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
         reduction=args.reduction,
+        algo=args.algo,
+        epochs=args.epochs if args.algo == "appo" else 1,
+        minibatches=args.minibatches if args.algo == "appo" else 1,
+        clip=args.clip,
+        value_clip=args.value_clip or None,
+        vtrace_lambda=args.vtrace_lambda,
         total_frames=args.lr_decay_frames or args.total_frames,
         frames_per_step=frames_per_step,
         publish_every=args.publish_every,

@@ -14,7 +14,17 @@ from actors import EnvConfig
 from bench import rundir
 from bench.impala_plan import pinned_cpus, usable_cores
 
-__all__ = ["CHOICES", "EXAMPLES", "FAMILY_DEFAULTS", "HELP_GROUPS", "advice", "env_family", "publishing", "summary"]
+__all__ = [
+    "ALGO_DEFAULTS",
+    "CHOICES",
+    "EXAMPLES",
+    "FAMILY_DEFAULTS",
+    "HELP_GROUPS",
+    "advice",
+    "env_family",
+    "publishing",
+    "summary",
+]
 
 HELP_GROUPS = {
     "environment": ["env", "full_action_space", "seed"],
@@ -32,6 +42,12 @@ HELP_GROUPS = {
         "reward_clip",
         "grad_norm_clip",
         "reduction",
+        "algo",
+        "epochs",
+        "minibatches",
+        "clip",
+        "value_clip",
+        "vtrace_lambda",
     ],
     "speed (0 and auto: chosen from the cores and the device, printed as the plan)": [
         "device",
@@ -57,6 +73,7 @@ HELP_GROUPS = {
 CHOICES = {
     "model": ("shallow", "deep", "mlp"),
     "optimizer": ("adam", "rmsprop"),
+    "algo": ("impala", "appo"),
     "reduction": ("mean", "sum"),
     "device": ("cpu", "cuda"),
     "compile": ("auto", "on", "off"),
@@ -73,6 +90,14 @@ EXAMPLES = """examples:
                                                            moolib's Atari configuration
   python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000 --total-frames 1_000_000
 """
+
+ALGO_DEFAULTS = {
+    # PPO's Atari settings (Schulman et al. 2017, table 5; OpenAI baselines' ppo2 atari()): learning rate
+    # 2.5e-4, entropy 0.01, GAE lambda 0.95 (here V-trace's lambda), gradient norm 0.5
+    "appo": dict(learning_rate=2.5e-4, entropy_cost=0.01, grad_norm_clip=0.5, vtrace_lambda=0.95),
+}
+"""Defaults per --algo where Args' own (IMPALA's) do not fit; a family's defaults and the
+options given on the command line win over them."""
 
 FAMILY_DEFAULTS = {
     # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
@@ -107,8 +132,9 @@ def env_family(env_id: str) -> str:
 
 def summary(args: Any) -> str:
     core = ("+lstm" if args.use_lstm else "") + ("+last action and reward" if args.last_action_reward else "")
+    algo = "IMPALA" if args.algo == "impala" else f"APPO ({args.epochs} epochs x {args.minibatches} minibatches)"
     return (
-        f"IMPALA on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
+        f"{algo} on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
         f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})\n"
         f"plan for {usable_cores()} core(s), {args.device}: {args.num_actors} actor(s) x {args.num_workers} env "
         f"workers x {args.envs_per_worker} envs, learner {args.learner_threads} thread(s), "

@@ -69,6 +69,14 @@ MLP_ENVS_PER_WORKER = 32
 """an MLP's actors on a CPU: 32 environments per worker ran the CartPole job 1.19x and 1.33x as fast as 16 (two interleaved rounds)"""
 
 
+APPO_EPOCHS_GPU = 4
+"""APPO's epochs on a GPU, whose learner waited 68-69% of the time for data under IMPALA
+(docs/results/h100-topology): reuse takes that idle time, as PPO's 4 epochs do"""
+APPO_EPOCHS_CPU = 2
+"""APPO's epochs on a CPU, where the learner is already the bottleneck: each epoch costs
+frames/s, so fewer than on a GPU"""
+
+
 def usable_cores() -> int:
     """The cores this process may run on (``os.sched_getaffinity``; a container's cpuset counts)."""
     try:
@@ -102,6 +110,8 @@ class Plan:
     compile: bool
     bf16: bool
     pin: bool
+    epochs: int = 1
+    """APPO's passes over each batch (1 for IMPALA)"""
 
 
 def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None) -> Plan:
@@ -129,7 +139,10 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
     bf16 = _switch(args.bf16, "bf16", conv and (cuda or cpu_bf16))
     pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and cores >= 2)
-    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
+    epochs = 1
+    if getattr(args, "algo", "impala") == "appo":
+        epochs = getattr(args, "epochs", 0) or (APPO_EPOCHS_GPU if cuda else APPO_EPOCHS_CPU)
+    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin, epochs)
 
 
 def pinned_cpus(args: Any) -> tuple[list[int], list[int]] | None:

@@ -1,5 +1,6 @@
-"""The IMPALA learner: batches of unrolls from a trajectory ring, V-trace, one
-optimiser step, new weights to the weight store.
+"""The learner: batches of unrolls from a trajectory ring, V-trace, then one optimiser
+step (IMPALA) or several over minibatches of the batch (APPO), new weights to the
+weight store.
 
 A batch is ``ring.get_batch(B, torch=True)``: zero-copy ``[B, T+1, ...]`` views of
 the ring's slots. They are copied once, made time-major ``[T+1, B, ...]``, into staging
@@ -13,6 +14,13 @@ behaviour logits, and the reward and done that came *with* it. A model with an L
 core starts each unroll from the core state stored in its slot (``core_state_<i>``,
 ``[B, layers, hidden]``, made ``[layers, B, hidden]`` by the same copy), as torchbeast
 and moolib do.
+
+``algo="appo"`` reuses each batch (``learners.loss``'s APPO): one forward pass without
+gradient gives V-trace's targets and the proximal log-probabilities and values, then
+``epochs`` passes over the batch, each in ``minibatches`` minibatches of whole unrolls
+(so that an LSTM core still starts each one from its stored state), one optimiser step
+per minibatch. A batch is still one update of the policy version the actors see, and
+one step of the learning-rate schedule.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ from typing import Any, Literal
 import torch
 
 from actors.trajectory import LAST_ACTION, POLICY_VERSION, core_state_fields, unroll_length
-from learners.loss import ImpalaLoss, impala_loss
+from learners.categorical import action_log_probs
+from learners.loss import ImpalaLoss, appo_loss, clip_rewards, impala_loss
 from learners.models import ActorCritic, ModelOutput
 from learners.transfer import BatchStager, WeightPublisher
+from learners.vtrace import from_logits
 from shmpad.errors import Timeout
 from shmpad.ringbuf import TypedRing, WeightStore
 
@@ -74,6 +84,20 @@ class LearnerConfig:
     """updates between two publishes of the weights (a tiny model is otherwise dominated by publishing)"""
     publish_seconds: float = 0.0
     """> 0: publish at the first update this many seconds after the last publish, instead of every publish_every"""
+    algo: Literal["impala", "appo"] = "impala"
+    """impala: one step per batch; appo: PPO's clipped steps over minibatches of each batch, several epochs"""
+    epochs: int = 1
+    """appo: passes over each batch"""
+    minibatches: int = 1
+    """appo: minibatches each pass splits the batch into, by whole unrolls (batch_size must be a multiple)"""
+    clip: float = 0.1
+    """appo: PPO's epsilon, how far a batch's steps may move the probability of an action"""
+    value_clip: float | None = None
+    """appo: how far a batch's steps may move the baseline before its loss stops pulling (None: no clipping)"""
+    vtrace_lambda: float = 1.0
+    """V-trace's lambda: 1 is the paper's IMPALA, 0.95 PPO's GAE lambda"""
+    normalize_advantages: bool = True
+    """appo: normalise the advantages over each minibatch"""
     compile: bool = False
     """``torch.compile`` the forward pass and the loss (and so their backward); falls back to eager if it fails"""
     bf16: bool = False
@@ -94,6 +118,30 @@ class LearnerConfig:
             raise ValueError(f"frames_per_step must be >= 1, got {self.frames_per_step!r}")
         if isinstance(self.publish_every, bool) or not isinstance(self.publish_every, int) or self.publish_every < 1:
             raise ValueError(f"publish_every must be an int >= 1, got {self.publish_every!r}")
+        if self.algo not in ("impala", "appo"):
+            raise ValueError(f"algo must be 'impala' or 'appo', got {self.algo!r}")
+        for name in ("epochs", "minibatches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
+        if self.batch_size % self.minibatches:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of minibatches ({self.minibatches}): "
+                "a minibatch is a whole number of unrolls"
+            )
+        if self.algo == "impala" and (self.epochs, self.minibatches) != (1, 1):
+            raise ValueError(
+                f"epochs and minibatches are APPO's: with algo 'impala' both must be 1, "
+                f"got epochs={self.epochs}, minibatches={self.minibatches}"
+            )
+        if not self.clip >= 0:
+            raise ValueError(f"clip must be >= 0, got {self.clip!r}")
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ValueError(f"value_clip must be > 0 or None, got {self.value_clip!r}")
+        if not 0 <= self.vtrace_lambda <= 1:
+            raise ValueError(f"vtrace_lambda must be in [0, 1], got {self.vtrace_lambda!r}")
         if isinstance(self.publish_seconds, bool) or not self.publish_seconds >= 0:
             raise ValueError(
                 f"publish_seconds must be >= 0 (0: every publish_every updates), got {self.publish_seconds!r}"
@@ -172,7 +220,8 @@ class Learner:
         """batches go ring -> time-major staging (pinned on a GPU) -> device, double-buffered"""
         self.compiled = config.compile
         """whether the loss runs compiled (False after a failed compile fell back to eager)"""
-        self._loss_fn = torch.compile(self._loss) if config.compile else self._loss
+        self._eager_loss = self._loss if config.algo == "impala" else self._appo_loss
+        self._loss_fn = torch.compile(self._eager_loss) if config.compile else self._eager_loss
         self.frames_per_update = config.batch_size * self.unroll_length * config.frames_per_step
         total_updates = math.ceil(config.total_frames / self.frames_per_update) if config.total_frames else 0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -189,6 +238,7 @@ class Learner:
         self._wait_s = 0.0
         self._update_s = 0.0
         self._last_loss: ImpalaLoss | None = None  # tensors: read (and synchronised) only by statistics()
+        self._last_appo: dict[str, torch.Tensor] = {}  # appo: the last batch's clip fraction and KL, likewise
         self.accumulator: Any = None
         """a ``shmpad.net.Accumulator`` built on this learner's model, optimiser and
         scheduler: gradients are then averaged with the group's learners before each
@@ -209,6 +259,11 @@ class Learner:
         (``kwargs`` go to ``shmpad.net.Accumulator``: name, host, port, token...)."""
         from shmpad.net.accumulator import Accumulator
 
+        if self.config.algo != "impala":
+            raise ValueError(
+                f"a group of learners averages one gradient per batch: algo {self.config.algo!r} takes "
+                f"{self.config.epochs * self.config.minibatches} steps per batch, use algo 'impala' with a group"
+            )
         self.accumulator = Accumulator(self.model, self.optimizer, self.scheduler, broker=broker, group=group, **kwargs)
 
     def step(self, timeout: float | None = None) -> ImpalaLoss:
@@ -244,6 +299,8 @@ class Learner:
         return self._update(batch)
 
     def _update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        if self.config.algo == "appo":
+            return self._update_appo(batch)
         loss = self._compute_loss(batch)
         self.frames += self.frames_per_update
         self._last_loss = ImpalaLoss(*(v.detach() for v in loss))
@@ -259,22 +316,106 @@ class Learner:
             self.publisher(self.steps)
         return loss
 
-    def _compute_loss(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+    def _update_appo(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        """APPO: V-trace's targets once, then ``epochs`` x ``minibatches`` clipped steps."""
+        config = self.config
+        targets = self._appo_targets(batch)  # each [T, B]
+        batch_size = batch["done"].shape[1]
+        size = batch_size // config.minibatches
+        clipped = torch.zeros((), device=self.device)
+        kl = torch.zeros((), device=self.device)
+        loss: ImpalaLoss | None = None
+        for _ in range(config.epochs):
+            order = torch.randperm(batch_size, device=self.device)
+            for k in range(config.minibatches):
+                columns = order[k * size : (k + 1) * size]
+                minibatch = {name: v[:, columns] for name, v in batch.items()}  # every field is [*, B, ...]
+                loss, log_ratio = self._compute_loss(minibatch, {name: v[:, columns] for name, v in targets.items()})
+                with torch.no_grad():
+                    clipped += (log_ratio.exp() - 1).abs().gt(config.clip).float().mean()
+                    kl += ((log_ratio.exp() - 1) - log_ratio).mean()  # the k3 estimator of KL(prox || new)
+                if config.grad_norm_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_norm_clip, foreach=True)
+                self.optimizer.step()
+        assert loss is not None  # epochs and minibatches are >= 1
+        steps = config.epochs * config.minibatches
+        self._last_appo = {"clip_fraction": clipped / steps, "approx_kl": kl / steps}
+        self.frames += self.frames_per_update
+        self._last_loss = ImpalaLoss(*(v.detach() for v in loss))
+        self.scheduler.step()
+        self.steps += 1
+        if self.publisher is not None:
+            self.publisher(self.steps)
+        return loss
+
+    @torch.no_grad()
+    def _appo_targets(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """V-trace's ``vs`` and advantages from the learner's weights before the batch's first
+        step, with its log-probabilities and baseline then (the proximal policy and old values)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            out = self.forward(batch)  # logits [T+1, B, A], baseline [T+1, B]
+        logits, baseline = out.policy_logits.float(), out.baseline.float()
+        actions = batch["action"][:-1].long()  # [T, B]
+        rewards = clip_rewards(batch["reward"][1:].to(baseline.dtype), self.config.reward_clip)  # [T, B]
+        discounts = (~batch["done"][1:].bool()).to(baseline.dtype) * self.config.discount
+        returns = from_logits(
+            batch["logits"][:-1].float(),
+            logits[:-1],
+            actions,
+            discounts,
+            rewards,
+            baseline[:-1],
+            baseline[-1],
+            lambda_=self.config.vtrace_lambda,
+        )
+        return {
+            "vs": returns.vs,
+            "advantages": returns.pg_advantages,
+            "log_probs": action_log_probs(logits[:-1], actions),
+            "values": baseline[:-1],
+        }
+
+    def _appo_loss(
+        self, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]
+    ) -> tuple[ImpalaLoss, torch.Tensor]:
+        """One minibatch's APPO loss and its log-ratio to the proximal policy, ``[T, b]``."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            out = self.forward(batch)  # logits [T+1, b, A], baseline [T+1, b]
+        logits, baseline = out.policy_logits.float()[:-1], out.baseline.float()[:-1]
+        actions = batch["action"][:-1].long()
+        loss = appo_loss(
+            logits,
+            targets["log_probs"],
+            actions,
+            targets["advantages"],
+            baseline,
+            targets["values"],
+            targets["vs"],
+            clip=self.config.clip,
+            value_clip=self.config.value_clip,
+            baseline_cost=self.config.baseline_cost,
+            entropy_cost=self.config.entropy_cost,
+            normalize=self.config.normalize_advantages,
+            reduction=self.config.reduction,
+        )
+        return loss, (action_log_probs(logits, actions) - targets["log_probs"]).detach()
+
+    def _compute_loss(self, *inputs: Any) -> Any:
         """The loss and its gradients (compiled when asked; a compile that fails falls back to eager once)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self._loss_fn is self._loss:
-            loss = self._loss(batch)
-            loss.total.backward()
-            return loss
+        if self._loss_fn is self._eager_loss:
+            result = self._eager_loss(*inputs)
+            _total(result).backward()
+            return result
         try:
-            loss = self._loss_fn(batch)
-            loss.total.backward()
-            return loss
+            result = self._loss_fn(*inputs)
+            _total(result).backward()
+            return result
         except Exception as e:  # noqa: BLE001 - any compiler failure: say so once and run eager
             print(f"learner: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); running eager", flush=True)
-            self._loss_fn = self._loss
+            self._loss_fn = self._eager_loss
             self.compiled = False
-            return self._compute_loss(batch)
+            return self._compute_loss(*inputs)
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
@@ -292,6 +433,7 @@ class Learner:
             reward_clip=self.config.reward_clip,
             baseline_cost=self.config.baseline_cost,
             entropy_cost=self.config.entropy_cost,
+            lambda_=self.config.vtrace_lambda,
             reduction=self.config.reduction,
         )
 
@@ -329,7 +471,9 @@ class Learner:
             self._wait_s,
             self._update_s,
             self.optimizer.param_groups[0]["lr"],
-            {} if self._last_loss is None else {k: float(v) for k, v in self._last_loss._asdict().items()},
+            {}
+            if self._last_loss is None
+            else {k: float(v) for k, v in {**self._last_loss._asdict(), **self._last_appo}.items()},
             self._lag_sum,
             self._lag_batches,
         )
@@ -367,3 +511,8 @@ class Learner:
 
     def load(self, path: str) -> None:
         self.load_state_dict(torch.load(path, map_location=self.device, weights_only=False))
+
+
+def _total(result: ImpalaLoss | tuple[ImpalaLoss, torch.Tensor]) -> torch.Tensor:
+    """The scalar to differentiate: IMPALA's loss function returns the terms, APPO's the terms and its log-ratio."""
+    return result.total if isinstance(result, ImpalaLoss) else result[0].total

@@ -15,6 +15,22 @@ arrive with the *next* observation) that is: logits, actions and values from row
 
 with ``vs`` and ``pg_advantages`` from V-trace (constants). ``reduction="sum"``
 sums over time and batch as torchbeast does; ``"mean"`` averages as moolib does.
+
+APPO (``appo_loss``) reuses each batch for several gradient steps, as PPO does (Schulman
+et al. 2017, eq. 7 and 9), on V-trace's targets as Sample Factory's APPO does:
+
+    policy   = -sum_t min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t),  r_t = pi(a_t|x_t) / pi_prox(a_t|x_t)
+    baseline = 0.5 * sum_t max((v_t - V(x_t))^2, (v_t - V_clip(x_t))^2),
+               V_clip = V_old + clamp(V - V_old, -value_clip, value_clip)
+
+``A_t`` is V-trace's ``pg_advantage`` (normalised to mean 0 and standard deviation 1 over
+the minibatch when asked), ``v_t`` V-trace's ``vs``, both computed once per batch with the
+learner's weights before the batch's first step (``pi_prox``, ``V_old``). The ratio is
+taken against that proximal policy, not the actors' behaviour policy: V-trace's clipped
+``rho`` already corrects for the actors' lag, so the ratio starts at 1 on every batch
+however stale the actors were, and the clip bounds only what this batch's own steps
+move the policy (Hilton et al. 2021, "Batch size-invariance for policy optimization",
+call this decoupling the proximal from the behaviour policy).
 """
 
 from __future__ import annotations
@@ -25,10 +41,21 @@ import torch
 
 from learners import vtrace
 from learners._checks import check_float_tensor, describe
-from learners.categorical import entropy
+from learners.categorical import action_log_probs, entropy
 from shmpad._checks import check_number, check_threshold
 
-__all__ = ["ImpalaLoss", "baseline_loss", "clip_rewards", "entropy_loss", "impala_loss", "policy_gradient_loss"]
+__all__ = [
+    "ImpalaLoss",
+    "appo_loss",
+    "baseline_loss",
+    "clip_rewards",
+    "clipped_baseline_loss",
+    "clipped_policy_loss",
+    "entropy_loss",
+    "impala_loss",
+    "normalize_advantages",
+    "policy_gradient_loss",
+]
 
 Reduction = Literal["sum", "mean"]
 
@@ -139,6 +166,92 @@ def impala_loss(
     )
     pg = policy_gradient_loss(returns.target_action_log_probs, returns.pg_advantages, reduction)
     baseline = baseline_loss(returns.vs - values, reduction)
+    negative_entropy = entropy_loss(target_logits, reduction)
+    total = pg + baseline_cost * baseline + entropy_cost * negative_entropy
+    return ImpalaLoss(total, pg, baseline, negative_entropy)
+
+
+def clipped_policy_loss(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, clip: float, reduction: Reduction = "mean"
+) -> torch.Tensor:
+    """PPO's clipped surrogate, ``-min(r A, clip(r, 1 - clip, 1 + clip) A)`` with ``r = exp(log_ratio)``,
+    reduced over ``[T, B, ...]``; the advantages are held constant."""
+    check_number("clip", clip, 0)
+    advantages = advantages.detach()
+    ratio = log_ratio.exp()
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1.0 - clip, 1.0 + clip) * advantages)
+    return -_reduce(surrogate, reduction)
+
+
+def clipped_baseline_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    targets: torch.Tensor,
+    clip: float | None,
+    reduction: Reduction = "mean",
+) -> torch.Tensor:
+    """``0.5 * max((targets - values)^2, (targets - clipped)^2)`` reduced, where ``clipped`` moves
+    from ``old_values`` by at most ``clip``; for ``clip=None`` the plain ``baseline_loss``."""
+    check_threshold("clip", clip)
+    targets = targets.detach()
+    if clip is None:
+        return baseline_loss(targets - values, reduction)
+    old_values = old_values.detach()
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * _reduce(torch.maximum((targets - values) ** 2, (targets - clipped) ** 2), reduction)
+
+
+def normalize_advantages(advantages: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``advantages`` shifted and scaled to mean 0 and standard deviation 1 over all their elements."""
+    return (advantages - advantages.mean()) / (advantages.std(unbiased=False) + eps)
+
+
+def appo_loss(
+    target_logits: torch.Tensor,
+    proximal_log_probs: torch.Tensor,
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    vs: torch.Tensor,
+    *,
+    clip: float = 0.1,
+    value_clip: float | None = None,
+    baseline_cost: float = 0.5,
+    entropy_cost: float = 0.01,
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+) -> ImpalaLoss:
+    """The APPO loss of one minibatch (see the module's docstring), as ``ImpalaLoss`` terms.
+
+    Args:
+        target_logits: ``[T, B, ..., A]``, the learner's logits now.
+        proximal_log_probs: ``[T, B, ...]``, ``log pi_prox(a_t|x_t)``: the learner's before this batch's first step.
+        actions: ``[T, B, ...]`` integer.
+        advantages: ``[T, B, ...]``, V-trace's ``pg_advantages`` (constants).
+        values: ``[T, B, ...]``, the learner's baseline now.
+        old_values: ``[T, B, ...]``, the baseline before this batch's first step (for ``value_clip``).
+        vs: ``[T, B, ...]``, V-trace's value targets (constants).
+        clip: PPO's ``epsilon``, ``>= 0``.
+        value_clip: how far the baseline may move from ``old_values`` before its loss stops
+            pulling it further (``None``: no clipping).
+        baseline_cost, entropy_cost: the weights of those terms, ``>= 0``.
+        normalize: normalise the advantages over the minibatch first.
+        reduction: ``"mean"`` or ``"sum"`` over time and batch.
+    """
+    check_float_tensor("values", values)
+    check_number("baseline_cost", baseline_cost, 0)
+    check_number("entropy_cost", entropy_cost, 0)
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+    for name, x in (("proximal_log_probs", proximal_log_probs), ("advantages", advantages), ("vs", vs)):
+        check_float_tensor(name, x)
+        if x.shape != values.shape:
+            raise ValueError(f"{name} must have the shape of values {tuple(values.shape)}, got {tuple(x.shape)}")
+    log_probs = action_log_probs(target_logits, actions)  # [T, B, ...]
+    advantages = normalize_advantages(advantages) if normalize else advantages
+    pg = clipped_policy_loss(log_probs - proximal_log_probs.detach(), advantages, clip, reduction)
+    baseline = clipped_baseline_loss(values, old_values, vs, value_clip, reduction)
     negative_entropy = entropy_loss(target_logits, reduction)
     total = pg + baseline_cost * baseline + entropy_cost * negative_entropy
     return ImpalaLoss(total, pg, baseline, negative_entropy)

@@ -1,6 +1,8 @@
 """The learner on synthetic unrolls: an update changes and publishes the weights,
 episodes are counted once, the learning rate decays, and a checkpoint resumes
-with identical optimiser state (the same next update, bit for bit)."""
+with identical optimiser state (the same next update, bit for bit); with algo="appo",
+epochs x minibatches optimiser steps per batch but one policy version and one
+learning-rate step, an LSTM's minibatches made of whole unrolls, bad settings named."""
 
 from __future__ import annotations
 
@@ -155,3 +157,88 @@ def test_a_model_with_last_action_and_reward_needs_them_in_the_slots(shm_leak_ch
             Learner(make_model("mlp", OBS, A, last_action_reward=True), ring, LearnerConfig(batch_size=B))
     finally:
         ring.close()
+
+
+# -- APPO: epochs x minibatches steps per batch --
+
+
+class _CountingAdam(torch.optim.Adam):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure)
+
+
+def test_appo_takes_epochs_times_minibatches_steps_per_batch(ring):
+    store = WeightStore.create(make_model("mlp", OBS, A))
+    try:
+        torch.manual_seed(0)
+        config = LearnerConfig(
+            batch_size=B, algo="appo", epochs=3, minibatches=2, learning_rate=1e-3, total_frames=4 * B * T
+        )
+        learner = Learner(make_model("mlp", OBS, A), ring, config, store)
+        counting = _CountingAdam(learner.model.parameters(), lr=1e-3)
+        counting.load_state_dict(learner.optimizer.state_dict())
+        learner.optimizer = counting
+        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(counting, lambda step: max(0.0, 1 - step / 4))
+        before = [p.detach().clone() for p in learner.model.parameters()]
+        _fill(ring, B, 0)
+        loss = learner.step(timeout=5)
+        assert torch.isfinite(loss.total)
+        assert counting.calls == 3 * 2
+        assert all(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+        s = learner.statistics()
+        assert (s.steps, s.frames, s.episodes) == (1, B * T, B)  # one policy version per batch
+        assert store.version == 2
+        assert s.learning_rate == pytest.approx(0.75e-3)  # one schedule step per batch
+        assert 0.0 <= s.last_loss["clip_fraction"] <= 1.0 and s.last_loss["approx_kl"] >= 0.0
+        assert ring.statistics().size == 0
+    finally:
+        store.close()
+
+
+def test_appo_first_minibatch_has_ratio_one(ring):
+    """Before its first step the learner's policy is the proximal one: nothing is clipped yet."""
+    torch.manual_seed(0)
+    learner = Learner(make_model("mlp", OBS, A), ring, LearnerConfig(batch_size=B, algo="appo", minibatches=1))
+    _fill(ring, B, 0)
+    learner.step(timeout=5)
+    assert learner.statistics().last_loss["clip_fraction"] == 0.0
+    assert learner.statistics().last_loss["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_appo_with_an_lstm_keeps_whole_unrolls(shm_leak_check):
+    model = make_model("mlp", OBS, A, use_lstm=True)
+    shapes = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]
+    spec = trajectory_spec(
+        EnvSpec("Test-v0", OBS, np.dtype(np.float32), (), np.dtype(np.int64), A), T, core_state_shapes=shapes
+    )
+    ring = TypedRing.create(spec, capacity=4 * B)
+    try:
+        learner = Learner(model, ring, LearnerConfig(batch_size=B, algo="appo", epochs=2, minibatches=2))
+        _fill(ring, B, 0)
+        loss = learner.step(timeout=5)
+        assert torch.isfinite(loss.total)
+        assert learner.statistics().steps == 1
+    finally:
+        ring.close()
+
+
+@pytest.mark.parametrize(
+    "kw, error, match",
+    [
+        (dict(algo="ppo"), ValueError, "algo must be 'impala' or 'appo', got 'ppo'"),
+        (dict(algo="appo", epochs=0), ValueError, "epochs must be >= 1, got 0"),
+        (dict(algo="appo", epochs=1.5), TypeError, "epochs must be an int, got float 1.5"),
+        (dict(algo="appo", batch_size=6, minibatches=4), ValueError, r"batch_size \(6\) must be a multiple"),
+        (dict(epochs=2), ValueError, "epochs and minibatches are APPO's"),
+        (dict(algo="appo", clip=-0.1), ValueError, "clip must be >= 0, got -0.1"),
+        (dict(algo="appo", vtrace_lambda=1.5), ValueError, r"vtrace_lambda must be in \[0, 1\], got 1.5"),
+    ],
+)
+def test_bad_appo_settings_are_named(kw, error, match):
+    with pytest.raises(error, match=match):
+        LearnerConfig(**kw).check()

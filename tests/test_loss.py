@@ -1,6 +1,9 @@
-"""The IMPALA loss against torchbeast's formulas written out over the slow V-trace reference."""
+"""The IMPALA loss against torchbeast's formulas written out over the slow V-trace reference, and
+APPO's clipped losses against a slow reference written from PPO's equations."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -9,8 +12,11 @@ from test_vtrace import reference_vtrace
 
 from learners.loss import (
     ImpalaLoss,
+    appo_loss,
     baseline_loss,
     clip_rewards,
+    clipped_baseline_loss,
+    clipped_policy_loss,
     entropy_loss,
     impala_loss,
     policy_gradient_loss,
@@ -173,3 +179,70 @@ def test_bad_arguments_are_named():
         impala_loss(**b, reduction="max")
     with pytest.raises(TypeError, match=r"rewards must be a floating point tensor, got a torch.int64 tensor"):
         clip_rewards(torch.zeros(3, dtype=torch.long))
+
+
+# -- APPO's clipped losses, against PPO's equations (Schulman et al. 2017, eq. 7 and 9) --
+
+
+def _reference_policy(log_ratio, adv, eps):
+    total = 0.0
+    for lr, a in zip(log_ratio.flatten().tolist(), adv.flatten().tolist()):
+        r = math.exp(lr)
+        total += -min(r * a, min(max(r, 1 - eps), 1 + eps) * a)
+    return total / log_ratio.numel()
+
+
+def _reference_value(values, old, targets, clip):
+    total = 0.0
+    for v, o, t in zip(values.flatten().tolist(), old.flatten().tolist(), targets.flatten().tolist()):
+        clipped = o + min(max(v - o, -clip), clip)
+        total += 0.5 * max((t - v) ** 2, (t - clipped) ** 2)
+    return total / values.numel()
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_clipped_policy_loss_matches_reference(eps):
+    g = torch.Generator().manual_seed(1)
+    log_ratio = torch.randn(6, 5, generator=g, dtype=torch.float64) * 0.4  # crosses both clip edges
+    adv = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    got = clipped_policy_loss(log_ratio, adv, eps)
+    assert float(got) == pytest.approx(_reference_policy(log_ratio, adv, eps), rel=1e-12)
+
+
+def test_clipped_policy_loss_stops_the_gradient_past_the_clip():
+    # a positive advantage whose ratio is already above 1 + eps gets no gradient; below it does
+    log_ratio = torch.tensor([math.log(1.5), math.log(1.05)], requires_grad=True)
+    clipped_policy_loss(log_ratio, torch.tensor([1.0, 1.0]), 0.1, "sum").backward()
+    assert log_ratio.grad[0] == 0 and log_ratio.grad[1] < 0
+
+
+def test_clipped_baseline_loss_matches_reference():
+    g = torch.Generator().manual_seed(2)
+    values, old, targets = (torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    got = clipped_baseline_loss(values, old, targets, 0.2)
+    assert float(got) == pytest.approx(_reference_value(values, old, targets, 0.2), rel=1e-12)
+    plain = clipped_baseline_loss(values, old, targets, None)
+    assert float(plain) == pytest.approx(0.5 * float(((targets - values) ** 2).mean()), rel=1e-12)
+
+
+def test_appo_loss_terms_and_normalisation():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 4, 3, generator=g, requires_grad=True)
+    actions = torch.randint(0, 3, (5, 4), generator=g)
+    prox = torch.log_softmax(logits.detach(), -1).gather(-1, actions[..., None])[..., 0]
+    adv = torch.randn(5, 4, generator=g) * 10 + 3
+    values = torch.randn(5, 4, generator=g, requires_grad=True)
+    vs = torch.randn(5, 4, generator=g)
+    loss = appo_loss(logits, prox, actions, adv, values, values.detach(), vs, entropy_cost=0.0, baseline_cost=0.0)
+    # the ratio is 1 at the proximal policy: the policy term is minus the mean normalised advantage, i.e. 0
+    assert float(loss.policy_gradient.detach()) == pytest.approx(0.0, abs=1e-6)
+    raw = appo_loss(logits, prox, actions, adv, values, values.detach(), vs, normalize=False)
+    assert float(raw.policy_gradient.detach()) == pytest.approx(-float(adv.mean()), rel=1e-6)
+    raw.total.backward()
+    assert logits.grad is not None and values.grad is not None
+
+
+def test_appo_loss_names_a_bad_shape():
+    x = torch.zeros(5, 4)
+    with pytest.raises(ValueError, match=r"advantages must have the shape of values \(5, 4\), got \(5, 3\)"):
+        appo_loss(torch.zeros(5, 4, 3), x, x.long(), torch.zeros(5, 3), x, x, x)

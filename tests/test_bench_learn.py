@@ -1,0 +1,78 @@
+"""bench.learn's mechanics (not learning speed): its options are checked before any run,
+a run's episodes give the frames and seconds at which each windowed mean return was first
+reached, the summary's medians and worst count a seed that missed as never, and a real run
+is stopped once its targets are reached, leaving its summary and no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bench.impala_compare import _session_members
+from bench.learn.__main__ import Progress, main, parse_args, summarize
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--targets", "20,18"], "--targets must be in increasing order, got [20.0, 18.0]"),
+        (["--targets", "x"], "--targets must be numbers separated by commas, got 'x'"),
+        (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--", "--seed", "3"], "--seed: bench.learn sets it for every run"),
+        (["--", "--total-frames", "5"], "--total-frames: bench.learn sets it for every run"),
+        (["--parallel", "100000"], "--parallel 100000: this process may run on"),
+        (["--", "--algo", "ppo"], "bench.impala refused the flags '--algo ppo'"),
+    ],
+)
+def test_mistakes_are_refused_before_any_run(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_progress_records_the_first_episode_whose_window_reaches_each_target(tmp_path):
+    path = tmp_path / "episodes.csv"
+    progress = Progress([1.0, 2.0], window=2)
+    path.write_text("frames,return\n100,0\n200,1\n300,1.5\n")  # windowed means: -, 0.5, 1.25
+    progress.read(str(path), seconds=7.0)
+    assert progress.reached == {1.0: (300, 7.0)} and not progress.done
+    with open(path, "a") as f:
+        f.write("400,2.5\n500,")  # a line still being written is left for the next read
+    progress.read(str(path), seconds=9.0)
+    assert progress.reached == {1.0: (300, 7.0), 2.0: (400, 9.0)} and progress.done
+    assert progress.curve == [(200, 0.5), (300, 1.25), (400, 2.0)]
+    with open(path, "a") as f:
+        f.write("9\n")
+    progress.read(str(path), seconds=10.0)
+    assert progress.frames == 500 and progress.curve[-1] == (500, 5.75)  # the line "500,9", whole at last
+
+
+def test_summary_counts_a_seed_that_missed_as_never():
+    runs = [
+        {"reached": {"18": {"frames": 4_000_000, "seconds": 80.0}}},
+        {"reached": {"18": {"frames": 6_000_000, "seconds": 120.0}}},
+        {"reached": {}},
+    ]
+    row = summarize([18.0], runs)["18"]
+    assert row["reached"] == 2 and row["frames_per_seed"] == [4_000_000, 6_000_000, None]
+    assert row["median_frames"] == 6_000_000 and row["worst_frames"] is None
+    assert summarize([18.0], runs[2:])["18"]["median_seconds"] is None
+
+
+@pytest.mark.slow
+def test_a_run_stops_once_its_targets_are_reached(tmp_path, capsys, shm_leak_check):
+    out = tmp_path / "learn"
+    # CartPole's random policy scores about 20: a window of 5 reaches 10 within its first episodes
+    argv = ["--env", "CartPole-v1", "--targets", "5,10", "--window", "5", "--frames", "100_000_000", "--seeds", "1"]
+    assert main([*argv, "--out", str(out), "--", "--log-interval", "1"]) == 0
+    report = json.loads((out / "summary.json").read_text())
+    (run,) = report["runs"]
+    assert set(run["reached"]) == {"5", "10"} and run["frames"] < 100_000_000  # stopped, not run to the budget
+    assert report["summary"]["10"]["reached"] == 1 and report["summary"]["10"]["median_frames"] > 0
+    assert run["plan"] and run["plan"][0].startswith("IMPALA on CartPole-v1")
+    assert sorted(os.listdir(out)) == ["curves.png", "seed-0", "seed-0.log", "summary.json", "summary.md"]
+    assert "| 10 | 1/1 |" in (out / "summary.md").read_text()
+    assert capsys.readouterr().out.splitlines()[-1].startswith("summary: ")
+    assert _session_members(run["pid"]) == [], "the run's processes outlived it"
