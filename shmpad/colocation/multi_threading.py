@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from shmpad.launch import context
+from shmpad import context
 from shmpad.nodes.base import Handle, Node
 from shmpad.nodes.python import PyNode
 

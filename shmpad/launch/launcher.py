@@ -12,12 +12,12 @@ comes from ``--lp_launch_type`` on the command line, and the termination notice
 from __future__ import annotations
 
 import atexit
-import enum
 import math
 import sys
 from typing import Any, Mapping, Sequence
 
 from shmpad._checks import check_timeout
+from shmpad.context import LaunchType
 from shmpad.errors import SegmentError
 from shmpad.launch import flags
 from shmpad.launch.output import say
@@ -32,13 +32,6 @@ from shmpad.ringbuf import janitor
 __all__ = ["LaunchType", "launch", "PythonProcess", "is_local_launch", "is_local_launch_or_test"]
 
 DEFAULT_TERMINATION_NOTICE_SECS = 10.0
-
-
-class LaunchType(enum.Enum):
-    LOCAL_MULTI_THREADING = "local_mt"
-    LOCAL_MULTI_PROCESSING = "local_mp"
-    TEST_MULTI_THREADING = "test_mt"
-    TEST_MULTI_PROCESSING = "test_mp"
 
 
 _ALLOWED = [t.value for t in LaunchType]

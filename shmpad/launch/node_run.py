@@ -18,8 +18,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
+from shmpad import context
 from shmpad.errors import Closed
-from shmpad.launch import context
 from shmpad.launch.output import Lines
 from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
@@ -182,7 +182,7 @@ def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: 
     def body() -> None:
         stopper = context.StopController(request_fd=req_w)
         context.set_thread_context(None)
-        ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index)
+        ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index, launch_config=w.resources)
         ctx.extra.update(extra, stop_fd=stop_r, request_fd=req_w)
         context.set_process_context(ctx)
         set_node_title(w.label, w.index)

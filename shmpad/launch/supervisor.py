@@ -30,8 +30,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterable
 
+from shmpad import context
 from shmpad.errors import NodeFailed
-from shmpad.launch import context
 from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_thread
 from shmpad.launch.output import say
 from shmpad.launch.registry import PHASE_ENDED, PHASE_STOPPING, Registry
