@@ -37,8 +37,8 @@ from shmpad.context import stop
 from shmpad.context import stop_event
 from shmpad.context import unregister_stop_handler
 from shmpad.context import wait_for_stop
-from shmpad.launch.registry import counters
-from shmpad.launch.registry import publish_counter
+from shmpad.top.registry import counters
+from shmpad.top.registry import publish_counter
 
 # Errors
 from shmpad.errors import Abandoned
