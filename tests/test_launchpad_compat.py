@@ -317,6 +317,8 @@ def test_addresses_and_ports():
     assert lp.get_port_from_address("localhost:8123") == 8123
     with mock.patch.dict(os.environ, {"LP_PORT_courier": "9001"}):
         assert lp.get_port_from_address("somehost:courier") == 9001
+    with pytest.raises(TypeError, match="address name must be a str or None, got int"):
+        lp.Address(7)
     with pytest.raises(ValueError, match="Wrong address name"):
         lp.Address("Bad-Name")
     address = lp.Address()

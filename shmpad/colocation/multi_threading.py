@@ -15,7 +15,7 @@ __all__ = ["MultiThreadingColocation"]
 def check_nodes(kind: str, nodes: Sequence[Node]) -> list[PyNode]:
     nodes = list(nodes)
     for n in nodes:
-        if not isinstance(n, PyNode):
+        if not isinstance(n, PyNode):  # a type, but Launchpad's ValueError, which its programs expect
             raise ValueError(f"{kind} only works with PyNodes, got {type(n).__name__}")
     return nodes
 

@@ -180,7 +180,7 @@ def launch(
             raise ValueError(
                 f"local_resources names group {label!r}, which the program does not have; groups: {sorted(program.groups)}"
             )
-        if not isinstance(res, PythonProcess):
+        if not isinstance(res, PythonProcess):  # a type, but Launchpad's ValueError, which its programs expect
             raise ValueError(f"Launch config for {label} must be a PythonProcess, got {type(res).__name__}")
         res.check_cpus(label)
     processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)
