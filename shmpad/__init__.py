@@ -24,20 +24,21 @@ from shmpad.nodes.replay import ReplayNode
 from shmpad.colocation import MultiProcessingColocation
 from shmpad.colocation import MultiThreadingColocation
 from shmpad.launch.flags import LAUNCH_TYPE
-from shmpad.launch.launcher import LaunchType
 from shmpad.launch.launcher import is_local_launch
 from shmpad.launch.launcher import is_local_launch_or_test
 from shmpad.launch.launcher import PythonProcess
 from shmpad.launch.launcher import launch
 from shmpad.launch.supervisor import WorkerManager
-from shmpad.launch.stopping import make_program_stopper
-from shmpad.launch.stopping import register_stop_handler
-from shmpad.launch.stopping import stop
-from shmpad.launch.stopping import stop_event
-from shmpad.launch.stopping import unregister_stop_handler
-from shmpad.launch.stopping import wait_for_stop
-from shmpad.launch.registry import counters
-from shmpad.launch.registry import publish_counter
+from shmpad import context as context  # Launchpad's module: lp.context.LaunchType, lp.context.get_context()
+from shmpad.context import LaunchType
+from shmpad.context import make_program_stopper
+from shmpad.context import register_stop_handler
+from shmpad.context import stop
+from shmpad.context import stop_event
+from shmpad.context import unregister_stop_handler
+from shmpad.context import wait_for_stop
+from shmpad.top.registry import counters
+from shmpad.top.registry import publish_counter
 
 # Errors
 from shmpad.errors import Abandoned

@@ -332,8 +332,11 @@ def test_local_resources_pin_a_group_and_what_it_forks_to_its_cpus():
 
 
 def test_bad_cpus_are_refused_by_name():
-    for bad in ([], [-1], [0, 0], ["0"], 3, [True]):
-        with pytest.raises(ValueError, match=r"cpus must be distinct CPU numbers \(ints >= 0\), at least one, got"):
+    # a wrong type (not an iterable of ints) is a TypeError, a bad value a ValueError
+    bad_values = [[], [-1], [0, 0]]
+    bad_types = [["0"], 3, [True]]
+    for bad, error in [(b, ValueError) for b in bad_values] + [(b, TypeError) for b in bad_types]:
+        with pytest.raises(error, match=r"cpus must be distinct CPU numbers \(ints >= 0\), at least one, got"):
             lp.PythonProcess(cpus=bad)
     assert lp.PythonProcess(cpus={1, 0}).cpus == (0, 1)
     missing = max(os.sched_getaffinity(0)) + 1

@@ -317,6 +317,8 @@ def test_addresses_and_ports():
     assert lp.get_port_from_address("localhost:8123") == 8123
     with mock.patch.dict(os.environ, {"LP_PORT_courier": "9001"}):
         assert lp.get_port_from_address("somehost:courier") == 9001
+    with pytest.raises(TypeError, match="address name must be a str or None, got int"):
+        lp.Address(7)
     with pytest.raises(ValueError, match="Wrong address name"):
         lp.Address("Bad-Name")
     address = lp.Address()
@@ -414,6 +416,44 @@ def test_make_program_stopper_stops_the_program(launch_type, run):
 def test_make_program_stopper_refuses_unknown_launch_types():
     with pytest.raises(ValueError, match="got 'vertex_ai'"):
         lp.make_program_stopper("vertex_ai")
+
+
+def _report_context(path, stopper):
+    """Write what Launchpad's ``lp.context.get_context()`` says of this node, then stop the
+    program with ``stopper`` (None: the context's own ``program_stopper``)."""
+    ctx = lp.context.get_context()
+    config = ctx.launch_config
+    Path(path).write_text(f"{ctx.launch_type.name} {None if config is None else config.env['WHERE']}")
+    (stopper or ctx.program_stopper)()
+
+
+@pytest.mark.parametrize("stopper", ["make_program_stopper", "program_stopper"])
+@pytest.mark.parametrize("launch_type", ALL_TYPES)
+def test_the_context_module_as_launchpad_programs_write_it(launch_type, stopper, run, tmp_path):
+    # lp.context is Launchpad's module: its LaunchType (the one lp exports), make_program_stopper
+    # given one of its members, and get_context() in a node
+    assert lp.context.LaunchType is lp.LaunchType
+    report = tmp_path / "context"
+    given = (
+        lp.make_program_stopper(lp.context.LaunchType.TEST_MULTI_PROCESSING)
+        if stopper == "make_program_stopper"
+        else None
+    )
+    program = program_of(
+        "context", block=lp.PyNode(_wait_for_stop), report=lp.PyNode(_report_context, str(report), given)
+    )
+    resources = {"report": lp.PythonProcess(env={"WHERE": "forked"})}
+    manager = run(program, launch_type, local_resources=resources)
+    manager.wait()
+    assert manager.failure is None
+    # the group's PythonProcess is the launch config of a forked node; a node that is a thread has none
+    config = "forked" if launch_type in ("local_mp", "test_mp") else None
+    assert report.read_text() == f"{lp.LaunchType(launch_type).name} {config}"
+
+
+def test_get_context_outside_a_program_says_what_it_needs():
+    with pytest.raises(RuntimeError, match=r"shmpad\.context\.get_context\(\) needs a launched program"):
+        lp.context.get_context()
 
 
 @pytest.mark.parametrize("launch_type", ALL_TYPES)

@@ -162,6 +162,27 @@ def test_bad_arguments_are_named(kwargs, match):
         Accumulator(torch.nn.Linear(2, 2), broker="127.0.0.1:1", token="t", **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"check_every": 1.5}, "check_every must be an int, got float"),
+        ({"min_size": "2"}, "min_size must be an int, got str"),
+        ({"virtual_batch_size": True}, "virtual_batch_size must be an int, got bool"),
+    ],
+)
+def test_arguments_of_a_wrong_type_are_type_errors(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        Accumulator(torch.nn.Linear(2, 2), broker="127.0.0.1:1", token="t", **kwargs)
+
+
+def test_a_batch_size_of_a_wrong_type_is_a_type_error_before_anything_is_reduced():
+    unjoined = object.__new__(Accumulator)  # the check comes first: no group is needed to see it
+    with pytest.raises(TypeError, match="batch_size must be an int, got float"):
+        unjoined.reduce_gradients(8.0)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 0, got -1"):
+        unjoined.reduce_gradients(-1)
+
+
 def run_peers(bodies, **kwargs) -> list:
     """Run each ``body(acc)`` in a thread with an Accumulator of its own (two-weight
     linear models, identical after the first sync) in one group of an in-process broker."""

@@ -250,12 +250,20 @@ def test_a_ring_of_one_needs_no_sockets_and_checks_its_arguments():
             ring.allreduce(np.zeros(3), op="max")
         with pytest.raises(ValueError, match=r"root must be a rank in 0..0, got 1"):
             ring.broadcast(np.zeros(3), root=1)
+        with pytest.raises(TypeError, match=r"root must be a rank \(an int\), got str"):
+            ring.broadcast(np.zeros(3), root="0")
         with pytest.raises(ValueError, match="the root passes bytes"):
             ring.broadcast_bytes(None, 0)
         with pytest.raises(ValueError, match="used before"):
             mesh.ring("solo", [mesh.address], 0)
         with pytest.raises(ValueError, match="rank must be in 0..1"):
             mesh.ring("bad rank", [mesh.address, mesh.address], 2)
+        with pytest.raises(TypeError, match="rank must be an int, got float"):
+            mesh.ring("float rank", [mesh.address], 0.0)
+        with pytest.raises(TypeError, match="key must be a str, got int"):
+            mesh.ring(7, [mesh.address], 0)
+        with pytest.raises(ValueError, match="key must be a non-empty string, got ''"):
+            mesh.ring("", [mesh.address], 0)
         ring.close()
         with pytest.raises(Abandoned, match="closed"):
             ring.allreduce(array)

@@ -406,6 +406,7 @@ def test_parse_address(address, expected):
         (":4431", ValueError, "address ':4431' has no host"),
         ("h:70000", ValueError, "address 'h:70000': port must be in 0..65535, got 70000"),
         (4431, TypeError, "got int"),
+        (("h", "80"), TypeError, r"address \('h', '80'\): port must be an int, got str"),
     ],
 )
 def test_parse_address_errors_name_the_value(address, error, message):

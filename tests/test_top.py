@@ -21,9 +21,10 @@ from helpers import Tmux, pid_alive, run_command, shm_exists, spawn_python, wait
 from rich.console import Console
 
 import shmpad as lp
-from shmpad.launch import output, registry
+from shmpad.launch import output
+from shmpad.launch.live import LiveView
 from shmpad.rpc.stats import stats_name
-from shmpad.top.live import LiveView
+from shmpad.top import registry
 from shmpad.top.sample import Sampler, find_program
 from shmpad.top.view import render
 

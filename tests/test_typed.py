@@ -383,7 +383,7 @@ def test_empty_and_full_rings(make_ring):
         ({"x": (str, ())}, TypeError, "spec['x'] dtype must be a fixed-size numeric type, got <U0"),
         ({"x": (np.float32, (2, -1))}, ValueError, "spec['x'] shape must be non-negative ints, got (2, -1)"),
         ({"x": (np.float32, -3)}, ValueError, "spec['x'] shape must be non-negative ints, got (-3,)"),
-        ({"x": (np.float32, (2.0,))}, ValueError, "spec['x'] shape must be non-negative ints, got (2.0,)"),
+        ({"x": (np.float32, (2.0,))}, TypeError, "spec['x'] shape must be ints, got (2.0,)"),
     ],
     ids=lambda v: None,
 )

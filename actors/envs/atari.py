@@ -16,27 +16,43 @@ episode statistics) waits for the real end of the game.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from actors.envs.spec import EnvSpec
-
-if TYPE_CHECKING:
-    from actors.envs.config import EnvConfig
 from actors.envs.resize import AreaResize
+from actors.envs.spec import EnvSpec
 
 __all__ = ["AtariEnv"]
 
 
 class AtariEnv:
-    """One Atari game, stepping into observation arrays the caller owns ([K, S, S] uint8)."""
+    """One Atari game, stepping into observation arrays the caller owns ([K, S, S] uint8).
 
-    def __init__(self, config: EnvConfig, rom_kwargs: dict[str, Any], seeds: np.random.SeedSequence):
+    The options are ``EnvConfig``'s, which builds this (``EnvConfig.make``) and checks them;
+    ``rom_kwargs`` are the game's entry in gymnasium's registry (``game``, ``mode``,
+    ``difficulty``)."""
+
+    def __init__(
+        self,
+        env_id: str,
+        rom_kwargs: dict[str, Any],
+        seeds: np.random.SeedSequence,
+        *,
+        full_action_space: bool,
+        terminal_on_life_loss: bool,
+        noop_max: int,
+        frame_skip: int,
+        frame_stack: int,
+        screen_size: int,
+        max_episode_frames: int,
+    ):
         from ale_py import Action, ALEInterface, LoggerMode, roms
 
         ALEInterface.setLoggerMode(LoggerMode.Error)
-        self._config = config
+        self._noop_max = noop_max
+        self._frame_skip = frame_skip
+        self._terminal_on_life_loss = terminal_on_life_loss
         ale_seed, noop_seed = seeds.spawn(2)
         self._rng = np.random.default_rng(noop_seed)
         self._noop = Action.NOOP
@@ -44,23 +60,23 @@ class AtariEnv:
         ale.setInt("random_seed", int(ale_seed.generate_state(1)[0] & 0x7FFFFFFF))
         ale.setFloat("repeat_action_probability", 0.0)
         ale.setInt("frame_skip", 1)
-        ale.setInt("max_num_frames_per_episode", int(config.max_episode_frames))
+        ale.setInt("max_num_frames_per_episode", int(max_episode_frames))
         ale.loadROM(roms.get_rom_path(rom_kwargs["game"]))
         if rom_kwargs.get("mode") is not None:
             ale.setMode(rom_kwargs["mode"])
         if rom_kwargs.get("difficulty") is not None:
             ale.setDifficulty(rom_kwargs["difficulty"])
-        self._actions = list(ale.getLegalActionSet() if config.full_action_space else ale.getMinimalActionSet())
+        self._actions = list(ale.getLegalActionSet() if full_action_space else ale.getMinimalActionSet())
         h, w = ale.getScreenDims()
-        size = config.screen_size
+        size = screen_size
         if size > min(h, w):
             raise ValueError(f"screen_size must be at most {min(h, w)} (the screen is {h}x{w}), got {size}")
         self._resize = AreaResize((h, w), (size, size))
         self._screens = np.zeros((2, h, w), np.uint8)  # [newest, second newest] grayscale frames
         self._lives = 0
         self.spec = EnvSpec(
-            env_id=config.env_id,
-            obs_shape=(config.frame_stack, size, size),
+            env_id=env_id,
+            obs_shape=(frame_stack, size, size),
             obs_dtype=np.dtype(np.uint8),
             num_actions=len(self._actions),
         )
@@ -68,8 +84,8 @@ class AtariEnv:
     def reset(self, obs_out: np.ndarray) -> None:
         ale = self.ale
         ale.reset_game()
-        if self._config.noop_max > 0:
-            for _ in range(int(self._rng.integers(1, self._config.noop_max + 1))):
+        if self._noop_max > 0:
+            for _ in range(int(self._rng.integers(1, self._noop_max + 1))):
                 ale.act(self._noop)
                 if ale.game_over():
                     ale.reset_game()
@@ -80,7 +96,7 @@ class AtariEnv:
     def step(self, action: Any, obs_out: np.ndarray) -> tuple[float, bool, bool]:
         ale = self.ale
         a = self._actions[action]
-        skip = self._config.frame_skip
+        skip = self._frame_skip
         reward = 0.0
         over = False
         for t in range(skip):
@@ -97,7 +113,7 @@ class AtariEnv:
             return reward, True, True
         self._resize.push_max(obs_out, self._screens[0], self._screens[1] if skip > 1 else self._screens[0])
         done = False
-        if self._config.terminal_on_life_loss:
+        if self._terminal_on_life_loss:
             lives = ale.lives()
             done = lives < self._lives
             self._lives = lives

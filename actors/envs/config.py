@@ -1,6 +1,7 @@
 """``EnvConfig``: an environment id and its preprocessing options, checked where they
 are given; ``make`` builds the Atari (``atari.py``) or gymnasium (``gym.py``) adapter,
-which know only the interface in ``spec.py``.
+which know only the interface in ``spec.py`` and take the options they use as values
+(so that they never import this module, which imports them).
 """
 
 from __future__ import annotations
@@ -98,10 +99,21 @@ class EnvConfig:
         if spec.entry_point == ATARI_ENTRY_POINT:
             from actors.envs.atari import AtariEnv
 
-            return AtariEnv(self, spec.kwargs, seeds)
+            return AtariEnv(
+                self.env_id,
+                spec.kwargs,
+                seeds,
+                full_action_space=self.full_action_space,
+                terminal_on_life_loss=self.terminal_on_life_loss,
+                noop_max=self.noop_max,
+                frame_skip=self.frame_skip,
+                frame_stack=self.frame_stack,
+                screen_size=self.screen_size,
+                max_episode_frames=self.max_episode_frames,
+            )
         from actors.envs.gym import GymEnv
 
-        return GymEnv(self, seeds)
+        return GymEnv(self.env_id, self.gym_kwargs, seeds)
 
     def spec(self) -> EnvSpec:
         """The ``EnvSpec`` of the environments ``make`` builds. Builds one, resets it and

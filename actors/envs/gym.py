@@ -9,14 +9,11 @@ happens, with its id and the values seen.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from actors.envs.spec import EnvSpec
-
-if TYPE_CHECKING:
-    from actors.envs.config import EnvConfig
 
 __all__ = ["GymEnv"]
 
@@ -24,11 +21,11 @@ __all__ = ["GymEnv"]
 class GymEnv:
     """A ``gymnasium.make(env_id)`` environment writing observations into caller arrays."""
 
-    def __init__(self, config: EnvConfig, seeds: np.random.SeedSequence):
+    def __init__(self, env_id: str, gym_kwargs: dict[str, Any], seeds: np.random.SeedSequence):
         import gymnasium as gym
         from gymnasium import spaces
 
-        self._env = env = gym.make(config.env_id, **config.gym_kwargs)
+        self._env = env = gym.make(env_id, **gym_kwargs)
         self._seed: int | None = int(seeds.generate_state(1)[0] & 0x7FFFFFFF)
         obs_space, act_space = env.observation_space, env.action_space
         if isinstance(obs_space, spaces.Box):
@@ -38,14 +35,14 @@ class GymEnv:
         else:
             env.close()
             raise ValueError(
-                f"environment {config.env_id!r} has observation space {obs_space}; "
+                f"environment {env_id!r} has observation space {obs_space}; "
                 "shmpad workers need a Box or Discrete observation space"
             )
         if isinstance(act_space, spaces.Discrete):
             if int(act_space.start) != 0:
                 env.close()
                 raise ValueError(
-                    f"environment {config.env_id!r} has action space {act_space}; a Discrete action space must start at 0"
+                    f"environment {env_id!r} has action space {act_space}; a Discrete action space must start at 0"
                 )
             action = dict(num_actions=int(act_space.n))
         elif isinstance(act_space, spaces.Box):
@@ -58,11 +55,11 @@ class GymEnv:
         else:
             env.close()
             raise ValueError(
-                f"environment {config.env_id!r} has action space {act_space}; "
+                f"environment {env_id!r} has action space {act_space}; "
                 "shmpad workers need a Discrete or Box action space"
             )
         self._obs_space = obs_space
-        self.spec = EnvSpec(env_id=config.env_id, obs_shape=obs_shape, obs_dtype=obs_dtype, **action)
+        self.spec = EnvSpec(env_id=env_id, obs_shape=obs_shape, obs_dtype=obs_dtype, **action)
 
     def reset(self, obs_out: np.ndarray) -> None:
         obs, _ = self._env.reset(seed=self._seed)

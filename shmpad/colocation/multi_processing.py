@@ -9,10 +9,10 @@ import signal
 import threading
 from typing import Sequence
 
+from shmpad import context
 from shmpad._checks import check_int
 from shmpad.colocation.multi_threading import check_nodes
 from shmpad.errors import Closed, describe_exit
-from shmpad.launch import context
 from shmpad.launch.process import Restarts, fork
 from shmpad.nodes.base import Handle, Node
 from shmpad.nodes.python import PyNode
@@ -54,7 +54,9 @@ class MultiProcessingColocation(PyNode):
             extra = ctx.extra if ctx is not None else {}
             stopper = context.StopController(request_fd=extra.get("request_fd"))
             if ctx is not None:
-                child = context.NodeContext(ctx.program, ctx.launch_type, stopper, ctx.label, ctx.index)
+                child = context.NodeContext(
+                    ctx.program, ctx.launch_type, stopper, ctx.label, ctx.index, launch_config=ctx.launch_config
+                )
                 child.extra.update(extra)
                 context.set_thread_context(None)
                 context.set_process_context(child)

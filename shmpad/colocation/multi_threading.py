@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from shmpad.launch import context
+from shmpad import context
 from shmpad.nodes.base import Handle, Node
 from shmpad.nodes.python import PyNode
 
@@ -15,7 +15,7 @@ __all__ = ["MultiThreadingColocation"]
 def check_nodes(kind: str, nodes: Sequence[Node]) -> list[PyNode]:
     nodes = list(nodes)
     for n in nodes:
-        if not isinstance(n, PyNode):
+        if not isinstance(n, PyNode):  # a type, but Launchpad's ValueError, which its programs expect
             raise ValueError(f"{kind} only works with PyNodes, got {type(n).__name__}")
     return nodes
 

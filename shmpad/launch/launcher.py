@@ -12,33 +12,26 @@ comes from ``--lp_launch_type`` on the command line, and the termination notice
 from __future__ import annotations
 
 import atexit
-import enum
 import math
 import sys
 from typing import Any, Mapping, Sequence
 
 from shmpad._checks import check_timeout
+from shmpad.context import LaunchType
 from shmpad.errors import SegmentError
 from shmpad.launch import flags
 from shmpad.launch.output import say
-from shmpad.launch.registry import Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.launch.supervisor import WorkerManager
 from shmpad.nodes.address import bind_addresses
 from shmpad.nodes.base import Node, as_node
 from shmpad.program import Program
 from shmpad.ringbuf import janitor
+from shmpad.top.registry import Registry
 
 __all__ = ["LaunchType", "launch", "PythonProcess", "is_local_launch", "is_local_launch_or_test"]
 
 DEFAULT_TERMINATION_NOTICE_SECS = 10.0
-
-
-class LaunchType(enum.Enum):
-    LOCAL_MULTI_THREADING = "local_mt"
-    LOCAL_MULTI_PROCESSING = "local_mp"
-    TEST_MULTI_THREADING = "test_mt"
-    TEST_MULTI_PROCESSING = "test_mp"
 
 
 _ALLOWED = [t.value for t in LaunchType]
@@ -134,7 +127,7 @@ def _show_top(manager: WorkerManager) -> None:
         say("shmpad: top=True draws the live view in a terminal, and stdout is not one: running without it")
         return
     try:
-        from shmpad.top.live import LiveView
+        from shmpad.launch.live import LiveView
     except ImportError:
         say("shmpad: top=True needs rich for the live view (pip install 'shmpad[top]'): running without it")
         return
@@ -164,7 +157,7 @@ def launch(
     waits for the program when it exits, and exits non-zero if a node failed.
     With ``top``, the live view of ``python -m shmpad.top`` is drawn at the bottom of
     this terminal until the program ends, the nodes' output scrolling above it (see
-    ``shmpad.top.live``); without a terminal on stdout that is said in one line, and
+    ``shmpad.launch.live``); without a terminal on stdout that is said in one line, and
     the program runs without it.
     ``terminal`` and ``serialize_py_nodes`` are accepted for Launchpad compatibility
     and ignored: output always goes to this terminal with a ``[label/i]`` prefix, and
@@ -187,7 +180,7 @@ def launch(
             raise ValueError(
                 f"local_resources names group {label!r}, which the program does not have; groups: {sorted(program.groups)}"
             )
-        if not isinstance(res, PythonProcess):
+        if not isinstance(res, PythonProcess):  # a type, but Launchpad's ValueError, which its programs expect
             raise ValueError(f"Launch config for {label} must be a PythonProcess, got {type(res).__name__}")
         res.check_cpus(label)
     processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)

@@ -3,9 +3,9 @@
 supervisor keeps about it while it runs (``NodeRun``).
 
 A node process gets three pipes (stdout, stderr, and an error pipe for the traceback
-it dies with), its own ``NodeContext`` (stop pipe, request pipe), its group's
-``PythonProcess`` environment and flags, and closes every descriptor only a launcher
-may hold.
+it dies with), its own ``NodeContext`` (stop pipe, request pipe), a title that names it
+in ps and top, its group's ``PythonProcess`` environment and flags, and closes every
+descriptor only a launcher may hold.
 """
 
 from __future__ import annotations
@@ -18,16 +18,22 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
+import setproctitle
+
+from shmpad import context
 from shmpad.errors import Closed
-from shmpad.launch import context
 from shmpad.launch.output import Lines
 from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
-from shmpad.launch.title import set_node_title
 from shmpad.nodes.base import Node
 from shmpad.ringbuf import janitor
 
 __all__ = ["NodeRun", "launcher_fds", "start_process", "start_thread"]
+
+# setproctitle finds the process's original command line on its first call, by matching
+# it against sys.argv: do that now, before a launcher parses or rewrites sys.argv (absl
+# apps do), or a forked node could not be titled later.
+setproctitle.getproctitle()
 
 # Descriptors only a launcher may hold (stop pipes' write ends, request pipes' read
 # ends, node pipes and pidfds of every program this process launched): a forked
@@ -182,7 +188,7 @@ def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: 
     def body() -> None:
         stopper = context.StopController(request_fd=req_w)
         context.set_thread_context(None)
-        ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index)
+        ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index, launch_config=w.resources)
         ctx.extra.update(extra, stop_fd=stop_r, request_fd=req_w)
         context.set_process_context(ctx)
         set_node_title(w.label, w.index)
@@ -196,6 +202,14 @@ def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: 
         w.node.run()
 
     return body
+
+
+def set_node_title(label: str, index: int) -> None:
+    """Rewrite this process's command line (``/proc/self/cmdline``, what ps shows) and
+    its 15-character thread name (``comm``, what top shows) to name the node: ``shmpad:
+    learner/0``, where every forked node would otherwise show the launcher's own command
+    line (``python -m bench.impala ...``)."""
+    setproctitle.setproctitle(f"shmpad: {label}/{index}")
 
 
 def _child_stopping() -> bool:

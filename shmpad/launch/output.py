@@ -3,7 +3,7 @@ prefixed ``[label/i]``, and the launcher's own messages, written straight to the
 descriptors so that lines from different sources never interleave mid-line.
 
 While a live view is drawn at the bottom of the terminal (``launch(..., top=True)``,
-``shmpad.top.live``), ``route`` hands it the whole lines instead, and it prints them
+``shmpad.launch.live``), ``route`` hands it the whole lines instead, and it prints them
 above itself.
 """
 

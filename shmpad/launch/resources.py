@@ -28,11 +28,9 @@ class PythonProcess:
         if self.cpus is None:
             return
         cpus = tuple(self.cpus) if isinstance(self.cpus, Iterable) and not isinstance(self.cpus, (str, bytes)) else None
-        if (
-            not cpus
-            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cpus)
-            or len(set(cpus)) != len(cpus)
-        ):
+        if cpus is None or any(isinstance(c, bool) or not isinstance(c, int) for c in cpus):
+            raise TypeError(f"cpus must be distinct CPU numbers (ints >= 0), at least one, got {self.cpus!r}")
+        if not cpus or any(c < 0 for c in cpus) or len(set(cpus)) != len(cpus):
             raise ValueError(f"cpus must be distinct CPU numbers (ints >= 0), at least one, got {self.cpus!r}")
         object.__setattr__(self, "cpus", tuple(sorted(cpus)))
 

@@ -30,14 +30,14 @@ import time
 import traceback
 from typing import Any, Callable, Iterable
 
+from shmpad import context
 from shmpad.errors import NodeFailed
-from shmpad.launch import context
 from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_thread
 from shmpad.launch.output import say
-from shmpad.launch.registry import PHASE_ENDED, PHASE_STOPPING, Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
 from shmpad.ringbuf import janitor
+from shmpad.top.registry import PHASE_ENDED, PHASE_STOPPING, Registry
 
 __all__ = ["WorkerManager"]
 

@@ -104,12 +104,9 @@ class Accumulator:
         check_every: int = 100,
         backend: str = "shmpad",
     ):
-        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
-            raise ValueError(f"check_every must be an int >= 0, got {check_every!r}")
-        if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
-            raise ValueError(f"min_size must be an int >= 1, got {min_size!r}")
-        if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int) or virtual_batch_size < 0:
-            raise ValueError(f"virtual_batch_size must be an int >= 0, got {virtual_batch_size!r}")
+        _check_count("check_every", check_every, 0)
+        _check_count("min_size", min_size, 1)
+        _check_count("virtual_batch_size", virtual_batch_size, 0)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -383,8 +380,7 @@ class Accumulator:
         its optimiser step. False when more is needed, or when the reduction was
         abandoned (the group changed: the gradients are dropped, ``ready()`` forms
         the next ring)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
+        _check_count("batch_size", batch_size, 0)
         flat = self._staging()
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
@@ -483,3 +479,10 @@ class Accumulator:
 def _key(membership: Membership) -> str:
     broker_id, epoch = membership.key
     return f"{broker_id}/{epoch}"
+
+
+def _check_count(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

@@ -344,7 +344,9 @@ class PeerRing:
         return Abandoned(f"ring {self.key!r} (rank {self.rank} of {self.size}) was abandoned: {self._reason}")
 
     def _check_root(self, root: int) -> None:
-        if not isinstance(root, int) or not 0 <= root < self.size:
+        if not isinstance(root, int):
+            raise TypeError(f"root must be a rank (an int), got {type(root).__name__}")
+        if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank in 0..{self.size - 1}, got {root!r}")
 
 

@@ -127,13 +127,17 @@ class Mesh:
         Connects to the next member and waits for the previous one. Raises ``Abandoned``
         if the ring is not formed within ``timeout`` seconds, which also bounds how long
         a neighbour may stay silent in each operation."""
-        if not isinstance(key, str) or not key:
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, got {type(key).__name__}")
+        if not key:
             raise ValueError(f"key must be a non-empty string, got {key!r}")
         addresses = list(addresses)
         size = len(addresses)
         if size < 1:
             raise ValueError("a ring needs at least one address (ours)")
-        if not isinstance(rank, int) or not 0 <= rank < size:
+        if not isinstance(rank, int):
+            raise TypeError(f"rank must be an int, got {type(rank).__name__}")
+        if not 0 <= rank < size:
             raise ValueError(f"rank must be in 0..{size - 1} for {size} addresses, got {rank!r}")
         for address in addresses:
             wire.parse_address(address)

@@ -97,7 +97,9 @@ def parse_address(address: str | tuple[str, int], default_port: int | None = Non
         raise TypeError(f"address must be 'HOST:PORT' or a (host, port) tuple, got {type(address).__name__}")
     if not host:
         raise ValueError(f"address {address!r} has no host; use HOST:PORT")
-    if not isinstance(port, int) or not 0 <= port <= 65535:
+    if not isinstance(port, int):
+        raise TypeError(f"address {address!r}: port must be an int, got {type(port).__name__}")
+    if not 0 <= port <= 65535:
         raise ValueError(f"address {address!r}: port must be in 0..65535, got {port!r}")
     return host, port
 

@@ -47,7 +47,9 @@ class Address:
     """A network address owned by one node, resolved at run time."""
 
     def __init__(self, name: str | None = None):
-        if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"address name must be a str or None, got {type(name).__name__}")
+        if name is not None and not _NAME.fullmatch(name):
             raise ValueError(f"Wrong address name: {name!r} does not match {_NAME.pattern}.")
         self.name = name
         self._builder: AbstractAddressBuilder | None = None

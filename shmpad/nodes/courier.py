@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shmpad.launch import context
+from shmpad import context
 from shmpad.net.auth import load_token
 from shmpad.net.wire import parse_address
 from shmpad.nodes.base import Handle, collect_handles

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shmpad._checks import check_number, type_name
-from shmpad.launch.stopping import wait_for_stop
+from shmpad.context import wait_for_stop
 from shmpad.nodes.base import Handle, Node
 from shmpad.replay import SampleBatch, Table, TableInfo, Writer
 

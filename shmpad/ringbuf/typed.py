@@ -58,7 +58,9 @@ def _normalise(spec: Spec) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
         if dtype.hasobject or dtype.itemsize == 0:
             raise TypeError(f"spec[{name!r}] dtype must be a fixed-size numeric type, got {dtype}")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+        if not all(isinstance(d, (int, np.integer)) for d in shape):
+            raise TypeError(f"spec[{name!r}] shape must be ints, got {shape!r}")
+        if not all(d >= 0 for d in shape):
             raise ValueError(f"spec[{name!r}] shape must be non-negative ints, got {shape!r}")
         fields.append((name, dtype, tuple(int(d) for d in shape)))
     return fields

@@ -285,7 +285,7 @@ def unstack(result: Any, n: int) -> list:
                 f"a batched handler returns one row per call: a batch of {n} calls got a list of {len(result)}"
             )
         return list(result)
-    raise ValueError(
+    raise TypeError(
         f"a batched handler returns one row per call (an array, tensor or list of {n}, or a tuple or dict of "
         f"them), got {type_name(result)}"
     )

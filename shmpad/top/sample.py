@@ -31,9 +31,9 @@ import time
 from typing import Any
 
 from shmpad.errors import SegmentError, describe_exit
-from shmpad.launch.registry import ENDED, STATES, Registry, running_programs
 from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing, WeightStore
 from shmpad.rpc.stats import CallStats
+from shmpad.top.registry import ENDED, STATES, Registry, running_programs
 
 __all__ = ["Sampler", "programs", "find_program", "proc_usage"]
 

@@ -1,4 +1,10 @@
-"""Where a piece of code runs: which program, which node, and how it stops.
+"""What a node sees of its program: where it runs, and how the program stops.
+
+This is Launchpad's ``context`` module (``import shmpad as lp``; ``lp.context.LaunchType``,
+``lp.context.get_context()``) and the stop API every node calls (``stop``,
+``wait_for_stop``, ``stop_event``, stop handlers). It sits below both the graph
+(``shmpad.nodes``, ``shmpad.program``) and the launcher (``shmpad.launch``): a node
+that stops its program never imports the launcher that started it.
 
 Every process of a launched program (and, under the thread launch types, every
 node thread) has a ``NodeContext``. Its ``StopController`` is the program's stop
@@ -6,18 +12,44 @@ as seen from here: ``request()`` asks the launcher to stop the program (one byte
 down an inherited pipe) and ``trigger()`` is how the stop arrives (the launcher
 closes the stop pipe, a watcher thread sees end-of-file, or the thread launcher
 calls it directly). Stop handlers run once, in the thread that triggers, before
-the event is set.
+the event is set. Every stop function works from any thread of a node (or of the
+process that launched the program), not only from a main thread.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-__all__ = ["NodeContext", "StopController", "current", "current_or_none", "set_process_context", "set_thread_context"]
+__all__ = [
+    "LaunchType",
+    "NodeContext",
+    "StopController",
+    "current",
+    "current_or_none",
+    "get_context",
+    "make_program_stopper",
+    "register_stop_handler",
+    "set_process_context",
+    "set_thread_context",
+    "stop",
+    "stop_event",
+    "unregister_stop_handler",
+    "wait_for_stop",
+]
+
+
+class LaunchType(enum.Enum):
+    """How ``launch()`` runs a program's nodes (``--lp_launch_type`` names them by value)."""
+
+    LOCAL_MULTI_THREADING = "local_mt"
+    LOCAL_MULTI_PROCESSING = "local_mp"
+    TEST_MULTI_THREADING = "test_mt"
+    TEST_MULTI_PROCESSING = "test_mp"
 
 
 class StopController:
@@ -93,18 +125,30 @@ class StopController:
 
 @dataclass
 class NodeContext:
-    """What a node knows about where it runs."""
+    """What a node knows about where it runs. It is also Launchpad's launch context
+    (what ``get_context()`` returns): ``launch_type``, ``launch_config`` (the group's
+    ``PythonProcess`` in a forked node, else None) and ``program_stopper``."""
 
     program: str
-    launch_type: str
+    launch_type: LaunchType
     stopper: StopController
     label: str = ""
     index: int = 0
     extra: dict = field(default_factory=dict)
+    launch_config: Any = None
+
+    def __post_init__(self) -> None:
+        # the launcher passes the value ("local_mp"); Launchpad code compares members
+        self.launch_type = LaunchType(self.launch_type)
 
     @property
     def node_name(self) -> str:
         return f"{self.label}/{self.index}"
+
+    @property
+    def program_stopper(self) -> Callable[[], None]:
+        """Launchpad's stopper: a callable that stops this program (``stop``)."""
+        return self.stopper.request
 
 
 _process_context: NodeContext | None = None
@@ -134,3 +178,58 @@ def current(what: str) -> NodeContext:
             "shmpad.launch.launcher(), or from the process that launched it"
         )
     return ctx
+
+
+def get_context() -> NodeContext:
+    """Launchpad's ``get_context()``: the context of the node that calls it (or of the
+    process that launched the program)."""
+    return current("context.get_context")
+
+
+# -- stopping a program from inside it ------------------------------------------------------
+
+
+def stop() -> None:
+    """Ask the launcher to stop the whole program. Returns at once; every node then
+    sees ``wait_for_stop()`` return True and its stop handlers run."""
+    current("stop").stopper.request()
+
+
+def wait_for_stop(timeout: float | None = None) -> bool:
+    """Block until the program is stopping (True) or ``timeout`` seconds pass (False)."""
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout}")
+    return current("wait_for_stop").stopper.event.wait(timeout)
+
+
+def stop_event() -> threading.Event:
+    """A ``threading.Event`` that is set once the program is stopping."""
+    return current("stop_event").stopper.event
+
+
+def register_stop_handler(handler: Callable[[], None]) -> None:
+    """Call ``handler()`` once when the program starts stopping (at once if it already
+    has). Handlers run in the thread that delivers the stop."""
+    if not callable(handler):
+        raise TypeError(f"stop handler must be callable, got {type(handler).__name__}")
+    current("register_stop_handler").stopper.register(handler)
+
+
+def unregister_stop_handler(handler: Callable[[], None]) -> None:
+    """Forget ``handler``; unknown handlers are ignored."""
+    current("unregister_stop_handler").stopper.unregister(handler)
+
+
+def make_program_stopper(launch_type: LaunchType | str) -> Callable[[], None]:
+    """Launchpad's way to hand a node a stopper: a callable that stops the program it is
+    called in (``stop``), for any of shmpad's launch types."""
+    try:
+        LaunchType(launch_type)
+    except ValueError:
+        raise ValueError(
+            f"launch_type must be one of {[t.value for t in LaunchType]} or a LaunchType, got {launch_type!r}"
+        ) from None
+    return stop

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from shmpad import context
 from shmpad.errors import SegmentError
-from shmpad.launch import context
 from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, store_release
 from shmpad.ringbuf.segment import PREFIX, SHM_DIR, Segment
 
