@@ -76,3 +76,26 @@ def test_a_run_stops_once_its_targets_are_reached(tmp_path, capsys, shm_leak_che
     assert "| 10 | 1/1 |" in (out / "summary.md").read_text()
     assert capsys.readouterr().out.splitlines()[-1].startswith("summary: ")
     assert _session_members(run["pid"]) == [], "the run's processes outlived it"
+
+
+def test_overlay_reads_runs_and_names_the_first_frames_at_each_target(tmp_path, capsys):
+    from bench.learn import overlay
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.csv").write_text("frames,mean_return\n100,\n200,-3\n300,1.5\n400,2.5\n")
+    assert overlay.read_curve(str(run)) == [(200, -3.0), (300, 1.5), (400, 2.5)]
+    assert overlay.first_reached(overlay.read_curve(str(run)), 2.0) == 400
+    assert overlay.first_reached(overlay.read_curve(str(run)), 9.0) is None
+    out = tmp_path / "o.png"
+    assert (
+        overlay.main(
+            [str(run), "--label", "a", "--targets", "1,9", "--out", str(out), "--csv", str(tmp_path / "o.csv")]
+        )
+        == 0
+    )
+    assert out.stat().st_size > 0 and (tmp_path / "o.csv").read_text().count("\n") == 4
+    assert "a: last 400 frames, 2.5; first reached 1: 300, 9: not reached" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        overlay.main([str(tmp_path), "--out", str(out)])
+    assert "no log.csv" in capsys.readouterr().err
