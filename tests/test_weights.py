@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from shmpad.errors import Closed, SegmentError, Timeout
 from shmpad.ringbuf import weights_kernels
-from shmpad.ringbuf.segment import Segment
 from shmpad.ringbuf.weights import WeightStore, WeightStoreStatistics
+from shmpad.shm.segment import Segment
 
 try:
     import torch

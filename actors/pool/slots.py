@@ -48,7 +48,7 @@ import numpy as np
 from actors.envs.spec import EnvSpec
 from actors.trajectory import STEP_FIELDS, step_fields
 from shmpad.errors import SegmentError
-from shmpad.ringbuf.segment import CACHE_LINE, Segment
+from shmpad.shm.segment import CACHE_LINE, Segment
 
 __all__ = ["PoolSlots", "KIND", "FIELDS"]
 

@@ -37,7 +37,7 @@ from shmpad.launch.output import say
 from shmpad.launch.registry import PHASE_ENDED, PHASE_STOPPING, Registry
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 
 __all__ = ["WorkerManager"]
 

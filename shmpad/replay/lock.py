@@ -28,9 +28,9 @@ import time
 from numba import njit
 
 from shmpad.replay.index import LOCK, LOCK_EV
-from shmpad.ringbuf.atomics import cas, cpu_pause, load_acquire, store_release
-from shmpad.ringbuf.mpmc import pid_alive
-from shmpad.ringbuf.wait import finish_wait, notify, prepare_wait, sleep
+from shmpad.shm.atomics import cas, cpu_pause, load_acquire, store_release
+from shmpad.shm.pids import pid_alive
+from shmpad.shm.wait import finish_wait, notify, prepare_wait, sleep
 
 __all__ = ["acquire", "release", "SPINS", "SLEEP_NS"]
 

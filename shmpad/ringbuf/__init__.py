@@ -2,8 +2,8 @@
 
 from shmpad.ringbuf.mpmc import MPMCRing
 from shmpad.ringbuf.batch import MessageBatch
-from shmpad.ringbuf.statistics import RingStatistics
-from shmpad.ringbuf.segment import Segment
+from shmpad.ringbuf.ring import RingStatistics
+from shmpad.shm.segment import Segment
 from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.ringbuf.typed import TypedRing
 from shmpad.ringbuf.weights import WeightStore

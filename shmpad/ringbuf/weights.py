@@ -49,8 +49,6 @@ import numpy as np
 from shmpad._checks import check_int
 from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, SegmentError, Timeout
-from shmpad.ringbuf.mpmc import pid_alive
-from shmpad.ringbuf.segment import PAGE, Segment
 from shmpad.ringbuf.weights_kernels import (
     _ALL_BUFFERS,
     _ALL_PINNED,
@@ -81,6 +79,8 @@ from shmpad.ringbuf.weights_layout import (
     _template_tensors,
     _torch,
 )
+from shmpad.shm.pids import pid_alive
+from shmpad.shm.segment import PAGE, Segment
 
 __all__ = ["WeightStore", "WeightStoreStatistics"]
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from shmpad.ringbuf.atomics import (
+from shmpad.shm.atomics import (
     cas,
     cpu_pause,
     fence_acquire,
@@ -52,8 +52,8 @@ from shmpad.ringbuf.atomics import (
     store_relaxed,
     store_release,
 )
-from shmpad.ringbuf.segment import CACHE_LINE
-from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
+from shmpad.shm.segment import CACHE_LINE
+from shmpad.shm.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
 # Byte offsets of the control lines in the data area.
 _LATEST = 0

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmpad.ringbuf.segment import CACHE_LINE
+from shmpad.shm.segment import CACHE_LINE
 
 _NUMERIC_KINDS = "biufc"
 
