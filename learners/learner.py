@@ -31,7 +31,8 @@ from learners.loss import ImpalaLoss, impala_loss
 from learners.models import ActorCritic, ModelOutput
 from learners.transfer import BatchStager, WeightPublisher
 from shmpad.errors import Timeout
-from shmpad.ringbuf import TypedRing, WeightStore
+from shmpad.ringbuf import TypedRing
+from shmpad.weights import WeightStore
 
 __all__ = ["LearnerConfig", "Learner", "LearnerStatistics"]
 

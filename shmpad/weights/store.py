@@ -12,10 +12,10 @@ copied; after ``_COPIES_BEFORE_PIN`` such copies were thrown away it pins the bu
 is done.
 
 The layout of the data area (control lines, then the three buffers), what each word holds and
-why a dead writer never hangs a reader are in ``weights_kernels.py``, beside the kernels that
+why a dead writer never hangs a reader are in ``seqlock.py``, beside the kernels that
 read and write those words.
 
-The metadata that places each tensor in a buffer is in ``weights_layout.py``, with the
+The metadata that places each tensor in a buffer is in ``tensors.py``, with the
 conversions of state dicts, arrays and tensors.
 
 Why a slow reader is never starved: a copy is thrown away only when the writer refilled
@@ -49,7 +49,9 @@ import numpy as np
 from shmpad._checks import check_int
 from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, SegmentError, Timeout
-from shmpad.ringbuf.weights_kernels import (
+from shmpad.shm.pids import pid_alive
+from shmpad.shm.segment import PAGE, Segment, round_up
+from shmpad.weights.seqlock import (
     _ALL_BUFFERS,
     _ALL_PINNED,
     _IS_CLOSED,
@@ -70,17 +72,14 @@ from shmpad.ringbuf.weights_kernels import (
     _wait_newer,
     _write_end,
 )
-from shmpad.ringbuf.weights_layout import (
+from shmpad.weights.tensors import (
     _as_mapping,
     _as_numpy,
-    _layout,
     _names_hint,
-    _round_up,
+    _placement,
     _template_tensors,
     _torch,
 )
-from shmpad.shm.pids import pid_alive
-from shmpad.shm.segment import PAGE, Segment
 
 __all__ = ["WeightStore", "WeightStoreStatistics"]
 
@@ -139,7 +138,7 @@ class WeightStore:
             tensors = [(t["name"], np.dtype(t["dtype"]), tuple(t["shape"])) for t in entries]
             if len({name for name, _, _ in tensors}) != len(tensors) or any(d < 0 for _, _, sh in tensors for d in sh):
                 raise ValueError("duplicate names or negative dimensions")
-            expected = _layout(tensors)
+            expected = _placement(tensors)
         except (KeyError, TypeError, ValueError) as e:
             raise SegmentError(f"weight store {segment.name!r} has unreadable metadata: {e!r}") from None
         if expected != {"buffer_bytes": buffer_bytes, "tensors": entries}:
@@ -147,7 +146,7 @@ class WeightStore:
                 f"weight store {segment.name!r} is damaged: its metadata offsets do not match its tensors"
             )
         need = CONTROL_BYTES + BUFFERS * buffer_bytes
-        if segment.data.nbytes != _round_up(need, PAGE):
+        if segment.data.nbytes != round_up(need, PAGE):
             raise SegmentError(
                 f"weight store {segment.name!r} is damaged: its metadata needs {need} data bytes, "
                 f"the segment has {segment.data.nbytes}"
@@ -182,7 +181,7 @@ class WeightStore:
     def create(cls, template: Mapping[str, Any] | Any, name: str | None = None) -> "WeightStore":
         """A new store shaped like ``template`` (dict of arrays/tensors, or an nn.Module's
         state dict). Its values are not published; the store starts at version 0."""
-        layout = _layout(_template_tensors(_as_mapping(template, "WeightStore.create")))
+        layout = _placement(_template_tensors(_as_mapping(template, "WeightStore.create")))
         segment = Segment.create(KIND, layout, CONTROL_BYTES + BUFFERS * layout["buffer_bytes"], name=name)
         try:
             store = cls(segment)

@@ -1,4 +1,4 @@
-"""The compiled side of the weight store (``weights.py``): the layout of its control lines and
+"""The compiled side of the weight store (``store.py``): the layout of its control lines and
 the kernels that read and write them, each a few atomic operations on the segment's words.
 
 Data area of a ``"weights"`` segment (byte offsets from the start of the page-aligned
@@ -34,7 +34,7 @@ is taken only on an even SEQ, and never waits. A new writer may take over from a
 one: it skips past the odd SEQ the dead writer left.
 
 The retry and pin policy (how often a pull retries before it pins, how long a publish waits
-for pins) is ``WeightStore``'s, in ``weights.py``.
+for pins) is ``WeightStore``'s, in ``store.py``.
 """
 
 from __future__ import annotations
