@@ -5,7 +5,7 @@ Why a lock and not lock-free: one insert or sample changes several structures at
 must agree, and a lock-free version of that is a research project. The lock guards only
 that bookkeeping (microseconds of compiled code); an inserter copies its item's bytes
 outside it, into a slot nobody else can see, and a sampler gathers its rows outside it
-and then checks that they were not evicted meanwhile (``paths.sample_and_gather``).
+and then checks that they were not evicted meanwhile (``hot_path.sample_and_gather``).
 
 The lock word holds the holder's pid (0: free)::
 

@@ -19,7 +19,7 @@ takes the lock again to publish it. A sample takes the lock to choose its items 
 the draws, and gathers their rows into fresh arrays after releasing it, so that samplers
 copy side by side; it then checks, seqlock-style, that no insert evicted an item while it
 was copied (its slot is still READY with the same key), and draws any such row again
-under the lock (``paths.redraw``). With ``max_times_sampled`` a sample may free the
+under the lock (``hot_path.redraw``). With ``max_times_sampled`` a sample may free the
 slots it draws, so it gathers under the lock. So a reader sees whole items only: an inserter
 killed mid-copy leaves a WRITING slot that is never shown and is freed once its death
 is noticed (when a slot or an insert is waited for); a process killed holding the lock
@@ -39,7 +39,7 @@ import numpy as np
 from shmpad._checks import check_int, deadline, type_name
 from shmpad.errors import Closed, Timeout
 from shmpad.replay import checkpoint as checkpoints
-from shmpad.replay import index, lock, paths
+from shmpad.replay import hot_path, index, lock
 from shmpad.replay.checkpoint import CONFIG_KEYS, Snapshot
 from shmpad.replay.rate_limiters import MinSize, RateLimiter
 from shmpad.replay.rate_limiters import from_dict as rate_limiter_from_dict
@@ -334,13 +334,13 @@ class Table:
         t, pid = self._index, current_pid()
         mts = self.max_times_sampled
         args = (self._limits, self.remover.code, self._rng().random(), pid, mts, lock.SPINS)
-        slot = paths.reserve_and_copy(t, *args, False, self._rows, self._row_bytes, src)
+        slot = hot_path.reserve_and_copy(t, *args, False, self._rows, self._row_bytes, src)
         if slot < 0:
             slot = self._reserve_slowly(args, src, deadline(timeout))
-        key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, False)
-        if key == paths.BUSY:
+        key = hot_path.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, False)
+        if key == hot_path.BUSY:
             self._lock()
-            key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, True)
+            key = hot_path.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, True)
         return int(key)
 
     def writer(self) -> Writer:
@@ -358,11 +358,11 @@ class Table:
             seq = prepare_wait(ctl, index.EV_CHANGED)
             try:
                 self._lock()
-                slot = paths.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
+                slot = hot_path.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
                 if slot < 0 and len(self._dead_writers()):  # a dead inserter holds a reservation
                     self._lock()
                     self._recover()
-                    slot = paths.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
+                    slot = hot_path.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
                 if slot >= 0:
                     return slot
                 why = (
@@ -394,21 +394,21 @@ class Table:
         head = (self._limits, self.sampler.code)
         tail = (self.max_times_sampled, pid, lock.SPINS)
         rest = (self._rows, self._row_bytes, dst, slots, keys, probs, prios, times)
-        size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
+        size = hot_path.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
         until = None
         while size <= 0:
-            if size == paths.TORN:  # items evicted while they were copied: draw those rows again
+            if size == hot_path.TORN:  # items evicted while they were copied: draw those rows again
                 u = self._rng().random(b)
-                size = paths.redraw(t, self.sampler.code, u, pid, lock.SPINS, False, *rest)
-                if size == paths.BUSY:
+                size = hot_path.redraw(t, self.sampler.code, u, pid, lock.SPINS, False, *rest)
+                if size == hot_path.BUSY:
                     self._lock()
-                    size = paths.redraw(t, self.sampler.code, u, pid, lock.SPINS, True, *rest)
+                    size = hot_path.redraw(t, self.sampler.code, u, pid, lock.SPINS, True, *rest)
                 continue
             until = deadline(timeout) if until is None else until
             seq = prepare_wait(ctl, index.EV_CHANGED)
             try:
                 self._lock()
-                size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
+                size = hot_path.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
                 if size == 0:
                     self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
                     self._check_open()
