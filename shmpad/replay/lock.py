@@ -9,7 +9,7 @@ and then checks that they were not evicted meanwhile (``hot_path.sample_and_gath
 
 The lock word holds the holder's pid (0: free)::
 
-    acquire    CAS 0 -> pid, spinning a while; then sleep on LOCK_EV (wait.py) with a
+    acquire    CAS 0 -> pid, spinning a while; then sleep on LOCK_EV (shm/wait.py) with a
                short timeout, and on waking look whether the holder is still alive
     release    store 0 (release: pairs with the acquire CAS of the next holder), notify
 

@@ -1,6 +1,6 @@
 """Multi-producer multi-consumer ring of byte messages that survives dead claimants.
 
-Layout of the data area (after the control block of ``layout.py``)::
+Layout of the data area (after the control block of ``control.py``)::
 
     word  SLOT_WORDS + 8 i        state of slot i (below)
     word  SLOT_WORDS + 8 i + 1    length in bytes of the message in slot i

@@ -1,6 +1,6 @@
 """Single-producer single-consumer ring of byte messages in shared memory.
 
-Layout of the data area (after the control block of ``layout.py``)::
+Layout of the data area (after the control block of ``control.py``)::
 
     word  SLOT_WORDS + i, i < capacity     length in bytes of the message in slot i
     byte  SLOTS + i * STRIDE                payload of slot i (64-byte aligned)

@@ -10,8 +10,8 @@ data area; every control line is 64 bytes)::
     64         8     creator (release)    CLOSED: 1 once the creator closed the store
     72         8     readers (atomic add) PULLS: pulls by every handle that copied a version out
                                           (what ``python -m shmpad.top`` shows; one add per pull)
-    128        16    writer, waiters      event (seq, sleepers) for wait_for_version (wait.py)
-    192        16    readers, writer      event for a writer waiting for a pin to go (wait.py)
+    128        16    writer, waiters      event (seq, sleepers) for wait_for_version (shm/wait.py)
+    192        16    readers, writer      event for a writer waiting for a pin to go (shm/wait.py)
     256        24    writer, readers      buffer 0: STATE = SEQ << 20 | PINS (SEQ odd while
                                           being written; PINS: readers copying under a pin),
                                           HELD (the version it holds, written inside the SEQ

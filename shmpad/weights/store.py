@@ -181,8 +181,8 @@ class WeightStore:
     def create(cls, template: Mapping[str, Any] | Any, name: str | None = None) -> "WeightStore":
         """A new store shaped like ``template`` (dict of arrays/tensors, or an nn.Module's
         state dict). Its values are not published; the store starts at version 0."""
-        layout = _placement(_template_tensors(_as_mapping(template, "WeightStore.create")))
-        segment = Segment.create(KIND, layout, CONTROL_BYTES + BUFFERS * layout["buffer_bytes"], name=name)
+        placement = _placement(_template_tensors(_as_mapping(template, "WeightStore.create")))
+        segment = Segment.create(KIND, placement, CONTROL_BYTES + BUFFERS * placement["buffer_bytes"], name=name)
         try:
             store = cls(segment)
         except BaseException:
@@ -203,7 +203,7 @@ class WeightStore:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Tensor names, in layout order."""
+        """Tensor names, in placement order."""
         return self._names
 
     @property
@@ -428,7 +428,7 @@ class WeightStore:
             raise TypeError(f"tensor {name!r} has dtype {dtype}, expected {self._dtypes[name]}")
 
     def _checked(self, state: Mapping[str, Any]) -> list[np.ndarray]:
-        """The sources of a publish as numpy arrays in layout order, validated."""
+        """The sources of a publish as numpy arrays in placement order, validated."""
         self._check_names(state)
         sources = []
         for name in self._names:
@@ -438,7 +438,7 @@ class WeightStore:
         return sources
 
     def _targets(self, dst: Mapping[str, Any] | Any) -> list[tuple[bool, Any]]:
-        """The destinations of a pull in layout order, validated, as (True, tensor) for
+        """The destinations of a pull in placement order, validated, as (True, tensor) for
         tensors off the CPU and (False, numpy array) for the rest: a CPU tensor is
         written through its numpy alias (one memcpy, no torch threads in forked actors)."""
         given = _as_mapping(dst, "pull")
