@@ -5,7 +5,8 @@ A spec is ``{name: (dtype, shape)}``. The payload is laid out field by field
 area (``meta["extra"]``)::
 
     field f:  byte  extra + offset_f,  a C-contiguous array [capacity, *shape_f]
-              (offset_f 64-byte aligned; offsets in field order, recorded in meta)
+              (offset_f 64-byte aligned; offsets in field order, recorded in meta:
+              ``shmpad.shm.arrays.field_entries``, mapped back by ``map_fields``)
 
 so that slots ``i..i+B`` of a field are one contiguous ``[B, *shape]`` array:
 ``get_batch`` returns such views without a copy whenever the slots it took are
