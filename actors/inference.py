@@ -35,7 +35,7 @@ import torch
 from actors.pool.pool import EnvPool, HalfBatch
 from actors.rollout import RolloutWriter
 from actors.trajectory import CORE_STATE_PREFIX, LAST_ACTION, POLICY_VERSION, STEP_FIELDS
-from shmpad.ringbuf import WeightStore
+from shmpad.weights import WeightStore
 
 __all__ = ["BatchedInference", "InferenceStatistics", "sample_actions"]
 

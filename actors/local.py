@@ -25,7 +25,9 @@ from actors.rollout import RolloutWriter
 from actors.trajectory import LAST_ACTION, POLICY_VERSION
 from shmpad.errors import Closed, EnvWorkerError, Timeout
 from shmpad.launch.process import Child, Restarts, spawn
-from shmpad.ringbuf import TypedRing, WeightStore, janitor
+from shmpad.ringbuf import TypedRing
+from shmpad.shm import janitor
+from shmpad.weights import WeightStore
 
 __all__ = ["LocalPolicyActors", "run_actor"]
 

@@ -381,7 +381,7 @@ def measure(subject: str, args: Args) -> tuple[float | None, dict | str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from shmpad.ringbuf import janitor
+    from shmpad.shm import janitor
 
     janitor.start()
     subjects = [s.strip() for s in args.subjects.split(",") if s.strip()]

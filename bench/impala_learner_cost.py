@@ -24,7 +24,8 @@ import shmpad as lp
 from actors.trajectory import trajectory_spec
 from bench import impala
 from learners.learner import Learner
-from shmpad.ringbuf import TypedRing, WeightStore
+from shmpad.ringbuf import TypedRing
+from shmpad.weights import WeightStore
 
 __all__ = ["LEARNER_SECONDS", "LEARNER_SUBJECTS"]
 

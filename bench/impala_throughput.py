@@ -54,7 +54,7 @@ from actors import frames_per_step
 from bench import impala, impala_cli
 from bench.harness import in_own_tree
 from bench.impala_learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 
 __all__ = ["run", "main"]
 

@@ -27,7 +27,7 @@ import numpy as np
 from bench.harness import FORK, child, end, nothing, run_main
 from bench.report import exit_status, fmt_rate, fmt_ratio, verdict
 from shmpad import replay
-from shmpad.ringbuf.segment import Segment
+from shmpad.shm.segment import Segment
 
 KINDS = {
     "atari": {

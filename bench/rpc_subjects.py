@@ -40,8 +40,8 @@ from numba import njit
 
 from bench import subject
 from bench.harness import FORK
-from shmpad.ringbuf.atomics import cpu_pause, load_acquire, load_relaxed, store_release
-from shmpad.ringbuf.segment import Segment
+from shmpad.shm.atomics import cpu_pause, load_acquire, load_relaxed, store_release
+from shmpad.shm.segment import Segment
 
 __all__ = ["FLOOR", "PAYLOAD_BYTES", "PEERS", "Caller", "Echo", "FutureWindow", "Plan", "Subject", "payloads"]
 

@@ -41,7 +41,8 @@ from learners.models import ActorCritic, ModelOutput
 from learners.transfer import BatchStager, WeightPublisher
 from learners.vtrace import from_logits
 from shmpad.errors import Timeout
-from shmpad.ringbuf import TypedRing, WeightStore
+from shmpad.ringbuf import TypedRing
+from shmpad.weights import WeightStore
 
 __all__ = ["LearnerConfig", "Learner", "LearnerStatistics"]
 

@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from shmpad.ringbuf import WeightStore
+from shmpad.weights import WeightStore
 
 __all__ = ["BatchStager", "WeightPublisher"]
 

@@ -158,7 +158,7 @@ def shm_leak_check():
 def make_segment():
     """``make_segment(kind="test", meta=None, data_bytes=4096, name=None)`` creates a segment that
     is unlinked when the test ends."""
-    from shmpad.ringbuf.segment import Segment
+    from shmpad.shm.segment import Segment
 
     made = []
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import MESSAGE_HEADER, Forked, make_message, parse_message
 
 from shmpad.errors import Closed, WouldBlock
-from shmpad.ringbuf import MPMCRing, SPSCRing, layout, mpmc
+from shmpad.ringbuf import MPMCRing, SPSCRing, control, mpmc
 
 CAPACITY = 16
 SLOT_SIZE = 200
@@ -167,14 +167,14 @@ def wait_while_progressing(ring, children: list[Forked]) -> None:
 def describe(ring) -> str:
     """HEAD, TAIL and (MPMC) every slot's state word, to diagnose a stall."""
     ctl = ring._ctl
-    text = f"HEAD {ctl[layout.HEAD]} TAIL {ctl[layout.TAIL]}"
+    text = f"HEAD {ctl[control.HEAD]} TAIL {ctl[control.TAIL]}"
     if isinstance(ring, MPMCRing):
         phases = ["FREE", "WRITING", "READY", "READING"]
         for i in range(ring.capacity):
             s = int(ctl[mpmc._state_word(ctl, i)])
             text += f"\n  slot {i}: lap {s >> 32} {phases[(s >> 30) & 3]} pid {s & mpmc.PID_MASK}"
     else:
-        text += f" READ {ctl[layout.READ]} READER {ctl[layout.READER]}"
+        text += f" READ {ctl[control.READ]} READER {ctl[control.READER]}"
     return text
 
 

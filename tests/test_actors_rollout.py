@@ -13,7 +13,8 @@ from actors.local import LocalPolicyActors
 from actors.rollout import RolloutWriter
 from actors.trajectory import trajectory_spec
 from learners.models import ModelOutput
-from shmpad.ringbuf import TypedRing, WeightStore
+from shmpad.ringbuf import TypedRing
+from shmpad.weights import WeightStore
 
 
 class TinyPolicy(torch.nn.Module):

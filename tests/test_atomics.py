@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
-from shmpad.ringbuf.atomics import (
+from shmpad.shm.atomics import (
     cas,
     cpu_pause,
     fence_acquire,

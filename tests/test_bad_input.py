@@ -19,7 +19,7 @@ import posix_ipc
 import pytest
 
 from shmpad import MPMCRing, SegmentError, SPSCRing, Timeout, TypedRing, WeightStore
-from shmpad.ringbuf.segment import HEADER_BYTES, Segment
+from shmpad.shm.segment import HEADER_BYTES, Segment
 
 DEADLINE_S = 30.0
 
@@ -168,8 +168,8 @@ def test_damaged_metadata_is_a_segment_error():
 
 _JANITOR_CHILD = """
 import os, sys, time
-from shmpad.ringbuf import janitor
-from shmpad.ringbuf.segment import Segment
+from shmpad.shm import janitor
+from shmpad.shm.segment import Segment
 janitor.start()
 children = open(f"/proc/self/task/{os.getpid()}/children").read().split()
 canary = Segment.create("spsc", {}, 16)

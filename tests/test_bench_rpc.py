@@ -10,7 +10,7 @@ import pytest
 
 from bench import rpc
 from bench.rpc_subjects import MpPipe, Plan
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 
 CALLS = 50
 NEEDS = {"zmq-ipc": "zmq", "portal": "portal"}  # the bench extra; shmpad, mp-pipe and floor need nothing more

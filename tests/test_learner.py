@@ -14,7 +14,8 @@ from actors.envs.spec import EnvSpec
 from actors.trajectory import trajectory_spec
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
-from shmpad.ringbuf import TypedRing, WeightStore
+from shmpad.ringbuf import TypedRing
+from shmpad.weights import WeightStore
 
 T, B, OBS, A = 5, 4, (3,), 2
 

@@ -19,7 +19,8 @@ from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from learners.transfer import HISTORY, BatchStager, WeightPublisher
 from shmpad import WouldBlock
-from shmpad.ringbuf import TypedRing, WeightStore
+from shmpad.ringbuf import TypedRing
+from shmpad.weights import WeightStore
 from tests.test_learner import OBS, A, B, T, _fill, _spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

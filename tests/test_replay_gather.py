@@ -12,7 +12,7 @@ import pytest
 from helpers import Forked
 
 from shmpad import replay as rp
-from shmpad.replay import index, lock, paths
+from shmpad.replay import hot_path, index, lock
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("shm_leak_check")]
 
@@ -42,12 +42,12 @@ class Batch:
         t._lock()
         index.sample(t._index, t.sampler.code, uniforms, 0, self.slots, self.keys, self.probs, self.prios, self.times)
         lock.release(t._ctl)
-        paths._gather(t._rows, t._row_bytes, self.dst, self.slots)
+        hot_path._gather(t._rows, t._row_bytes, self.dst, self.slots)
 
     def redraw(self, uniforms: np.ndarray) -> int:
         t = self.table
         rest = (t._rows, t._row_bytes, self.dst, self.slots, self.keys, self.probs, self.prios, self.times)
-        return paths.redraw(t._index, t.sampler.code, uniforms, 0, lock.SPINS, False, *rest)
+        return hot_path.redraw(t._index, t.sampler.code, uniforms, 0, lock.SPINS, False, *rest)
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_a_row_evicted_while_it_was_copied_is_drawn_again_and_counted_once(table
     table.insert(item(4))  # the Fifo remover evicts item 0, and item 4 takes its slot
 
     was_0 = batch.out["id"] == 0
-    assert paths._mark_torn(table._index, batch.slots, batch.keys) == 2
+    assert hot_path._mark_torn(table._index, batch.slots, batch.keys) == 2
     assert np.array_equal(batch.slots < 0, was_0)  # exactly the rows of the evicted item
     assert batch.redraw(np.array([0.99] * 8)) == 4
 
@@ -90,11 +90,11 @@ def test_a_batch_whose_only_item_is_being_rewritten_is_handed_back_uncounted():
         assert slot >= 0
         t._data["obs"][slot] = 9
         t._data["id"][slot] = 9
-        assert paths._mark_torn(t._index, batch.slots, batch.keys) == 3
+        assert hot_path._mark_torn(t._index, batch.slots, batch.keys) == 3
         assert batch.redraw(np.zeros(3)) == 0
         assert t.info().samples == 0 and t.info().size == 0
 
-        assert paths.publish(t._index, slot, 1.0, 1.0, 0, os.getpid(), lock.SPINS, False) > 0
+        assert hot_path.publish(t._index, slot, 1.0, 1.0, 0, os.getpid(), lock.SPINS, False) > 0
         assert t.sample(2, timeout=5).data["id"].tolist() == [9, 9]
         assert t.info().samples == 2
     finally:

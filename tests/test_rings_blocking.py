@@ -15,7 +15,7 @@ from ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtur
 
 from shmpad.errors import Closed, Timeout, WouldBlock
 from shmpad.ringbuf import blocking
-from shmpad.ringbuf.layout import EV_NOT_EMPTY, HEAD
+from shmpad.ringbuf.control import EV_NOT_EMPTY, HEAD
 
 SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}[platform.machine().lower()]
 

@@ -18,9 +18,9 @@ from helpers import Forked
 from numba import njit
 
 from shmpad.ringbuf import MPMCRing, mpmc, mpmc_slots
-from shmpad.ringbuf.atomics import load_acquire
-from shmpad.ringbuf.layout import EV_NOT_FULL
-from shmpad.ringbuf.wait import finish_wait, prepare_wait
+from shmpad.ringbuf.control import EV_NOT_FULL
+from shmpad.shm.atomics import load_acquire
+from shmpad.shm.wait import finish_wait, prepare_wait
 
 
 @njit(cache=True)

@@ -15,7 +15,7 @@ import posix_ipc
 import pytest
 
 from shmpad.errors import SegmentError
-from shmpad.ringbuf.segment import LAYOUT_VERSION, PREFIX, Segment
+from shmpad.shm.segment import LAYOUT_VERSION, PREFIX, Segment
 
 PAGE = 4096
 # Generous: the janitor reacts within milliseconds of the last holder's exit.
@@ -277,7 +277,7 @@ def test_close_by_an_attacher_keeps_the_entry(make_segment):
 
 _CREATE = (
     "import os, sys, time\n"
-    "from shmpad.ringbuf.segment import Segment\n"
+    "from shmpad.shm.segment import Segment\n"
     "seg = Segment.create('test', {'who': 'child'}, 4096)\n"
     "other = Segment.create('test', {'who': 'child'}, 1)\n"
     "print(seg.name, other.name, flush=True)\n"
@@ -328,7 +328,7 @@ def test_janitor_forgets_names_that_were_unlinked(shm_leak_check, make_segment):
     reused = helpers.unique_segment_name("reused")
     code = (
         "import time\n"
-        "from shmpad.ringbuf.segment import Segment\n"
+        "from shmpad.shm.segment import Segment\n"
         f"Segment.create('test', {{}}, 1, name={reused!r}).unlink()\n"
         "kept = Segment.create('test', {}, 1)\n"
         "print(kept.name, flush=True)\n"
@@ -390,8 +390,8 @@ def test_child_forked_before_the_first_segment_keeps_it_too(shm_leak_check):
     another node attaches)."""
     code = (
         "import os, time\n"
-        "from shmpad.ringbuf import janitor\n"
-        "from shmpad.ringbuf.segment import Segment\n"
+        "from shmpad.shm import janitor\n"
+        "from shmpad.shm.segment import Segment\n"
         "janitor.start()\n"
         "r, w = os.pipe()\n"
         "pid = os.fork()\n"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from shmpad.ringbuf.atomics import load_acquire, store_release
-from shmpad.ringbuf.wait import finish_wait, futex_wake, notify, notify_always, prepare_wait, sleep
+from shmpad.shm.atomics import load_acquire, store_release
+from shmpad.shm.wait import finish_wait, futex_wake, notify, notify_always, prepare_wait, sleep
 
 MS = 1_000_000
 SECOND = 1_000_000_000
@@ -229,7 +229,7 @@ def test_futex_path_is_cacheable():
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always', NumbaWarning)\n"
         "    import numpy as np\n"
-        "    from shmpad.ringbuf import wait\n"
+        "    from shmpad.shm import wait\n"
         "    w = np.zeros(8, np.int64)\n"
         "    wait.finish_wait(w, 0); wait.notify(w, 0); wait.notify_always(w, 0)\n"
         "    wait.sleep(w, 0, 5, 1); wait.futex_wake(w, 0)\n"

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shmpad.errors import Closed, SegmentError, Timeout
-from shmpad.ringbuf import weights_kernels
-from shmpad.ringbuf.segment import Segment
-from shmpad.ringbuf.weights import WeightStore, WeightStoreStatistics
+from shmpad.shm.segment import Segment
+from shmpad.weights import seqlock
+from shmpad.weights.store import WeightStore, WeightStoreStatistics
 
 try:
     import torch
@@ -285,8 +285,8 @@ def _pull_until_stopped(store: WeightStore, stop, results) -> None:
 
 def _copy_under_way(store: WeightStore) -> bool:
     """True while some buffer's SEQ is odd: a publish is copying (or died copying)."""
-    states = (int(store._words[weights_kernels._line(store._ctl, b)]) for b in range(weights_kernels.BUFFERS))
-    return any((state >> weights_kernels._PIN_BITS) & 1 for state in states)
+    states = (int(store._words[seqlock._line(store._ctl, b)]) for b in range(seqlock.BUFFERS))
+    return any((state >> seqlock._PIN_BITS) & 1 for state in states)
 
 
 @pytest.mark.timeout(60)

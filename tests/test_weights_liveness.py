@@ -12,8 +12,9 @@ import pytest
 from helpers import FORK, Forked, child_log, wait_until
 
 from shmpad.errors import Closed
-from shmpad.ringbuf import weights, weights_kernels
-from shmpad.ringbuf.weights import WeightStore
+from shmpad.weights import seqlock
+from shmpad.weights import store as store_module
+from shmpad.weights.store import WeightStore
 
 TIMEOUT = 60.0
 STALL = 20.0  # seconds a reader may go without completing a pull before the test calls it starved
@@ -138,11 +139,11 @@ def test_a_reader_overtaken_on_every_copy_pins_its_buffer_and_completes():
             reader._copy = _OvertakenCopies(reader, writer, 3)  # three publishes refill every buffer
             dst = _small(-1)
             v = reader.pull(dst)
-            assert reader._copy.calls == weights._COPIES_BEFORE_PIN + 1
+            assert reader._copy.calls == store_module._COPIES_BEFORE_PIN + 1
             assert _values(dst) == {v}
             assert writer.version == v + 3  # the writer went on past the pinned buffer without waiting
             stats = reader.statistics()
-            assert (stats.pulls, stats.retries, stats.pinned_pulls) == (1, weights._COPIES_BEFORE_PIN, 1)
+            assert (stats.pulls, stats.retries, stats.pinned_pulls) == (1, store_module._COPIES_BEFORE_PIN, 1)
             assert (writer.statistics().publish_waits, writer.statistics().pins_broken) == (0, 0)
             reader._copy = reader._copy.copy
             assert reader.pull(dst, newer_than=v) == writer.version  # the pin was released
@@ -153,13 +154,13 @@ def test_a_reader_overtaken_on_every_copy_pins_its_buffer_and_completes():
 
 
 def test_a_publish_waits_for_a_pinned_copy_and_a_broken_pin_fails_the_copy(monkeypatch):
-    monkeypatch.setattr(weights, "_PIN_TIMEOUT", TIMEOUT)  # a wait that ends before this was woken by the unpin
+    monkeypatch.setattr(store_module, "_PIN_TIMEOUT", TIMEOUT)  # a wait that ends before this was woken by the unpin
     with WeightStore.create(_small(0)) as store:
         words, ctl = store._words, store._ctl
         store.publish(_small(1))
-        first = weights_kernels._pin(words, ctl, 0, os.getpid())
+        first = seqlock._pin(words, ctl, 0, os.getpid())
         store.publish(_small(2))
-        second = weights_kernels._pin(words, ctl, 0, os.getpid())
+        second = seqlock._pin(words, ctl, 0, os.getpid())
         assert [first[0], second[0]] == [1, 2]
         assert store.publish(_small(3)) == 3  # the third buffer was free: no wait
         assert store.statistics().publish_waits == 0
@@ -167,36 +168,36 @@ def test_a_publish_waits_for_a_pinned_copy_and_a_broken_pin_fails_the_copy(monke
         publisher = threading.Thread(target=store.publish, args=(_small(4),))
         publisher.start()
         try:
-            sleepers = ctl + weights_kernels._PIN_EVENT // 8 + 1
+            sleepers = ctl + seqlock._PIN_EVENT // 8 + 1
             assert wait_until(lambda: words[sleepers] > 0, TIMEOUT), "the publish never waited"
-            assert weights_kernels._unpin(words, ctl, first[1], first[2])  # the copy under the first pin was whole
+            assert seqlock._unpin(words, ctl, first[1], first[2])  # the copy under the first pin was whole
         finally:
             publisher.join(TIMEOUT)
         assert not publisher.is_alive()
         stats = store.statistics()
         assert (stats.publishes, stats.publish_waits, stats.pins_broken) == (4, 1, 0)
 
-        third = weights_kernels._pin(words, ctl, 0, os.getpid())  # the buffer of version 4
+        third = seqlock._pin(words, ctl, 0, os.getpid())  # the buffer of version 4
         assert third[0] == 4
         assert store.publish(_small(5)) == 5  # into the buffer the first pin left
-        monkeypatch.setattr(weights, "_PIN_TIMEOUT", 0.0)
+        monkeypatch.setattr(store_module, "_PIN_TIMEOUT", 0.0)
         assert store.publish(_small(6)) == 6  # both others pinned: breaks the pin of version 4's buffer
         stats = store.statistics()
         assert (stats.publish_waits, stats.pins_broken) == (2, 1)
-        assert not weights_kernels._unpin(words, ctl, third[1], third[2])  # that copy may be torn: it is thrown away
-        assert weights_kernels._unpin(words, ctl, second[1], second[2])
+        assert not seqlock._unpin(words, ctl, third[1], third[2])  # that copy may be torn: it is thrown away
+        assert seqlock._unpin(words, ctl, second[1], second[2])
         version, got = store.pull_arrays()
         assert (version, _values(got)) == (6, {6})
 
 
 def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
-    monkeypatch.setattr(weights, "_PIN_TIMEOUT", TIMEOUT)
+    monkeypatch.setattr(store_module, "_PIN_TIMEOUT", TIMEOUT)
     store = WeightStore.create(_small(0))
     words, ctl = store._words, store._ctl
     store.publish(_small(1))
-    weights_kernels._pin(words, ctl, 0, os.getpid())
+    seqlock._pin(words, ctl, 0, os.getpid())
     store.publish(_small(2))
-    weights_kernels._pin(words, ctl, 0, os.getpid())
+    seqlock._pin(words, ctl, 0, os.getpid())
     store.publish(_small(3))
     outcome: list[BaseException] = []
 
@@ -209,7 +210,7 @@ def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
     publisher = threading.Thread(target=publish)
     publisher.start()
     try:
-        sleepers = ctl + weights_kernels._PIN_EVENT // 8 + 1
+        sleepers = ctl + seqlock._PIN_EVENT // 8 + 1
         assert wait_until(lambda: words[sleepers] > 0, TIMEOUT), "the publish never waited"
         store.close()  # the creator's close: every process's calls raise Closed, waiters wake
         publisher.join(TIMEOUT)
@@ -222,7 +223,7 @@ def test_close_wakes_a_publish_waiting_for_pins(monkeypatch):
 
 def _pin_latest_and_hang(store: WeightStore, pinned) -> None:
     """Pin the buffer of the latest version as a pull's fallback does, then hang until SIGKILL."""
-    v, b, _ = weights_kernels._pin(store._words, store._ctl, 0, os.getpid())
+    v, b, _ = seqlock._pin(store._words, store._ctl, 0, os.getpid())
     if b < 0:
         raise AssertionError(f"pinning version {v} returned code {b}")
     pinned.set()
@@ -231,7 +232,7 @@ def _pin_latest_and_hang(store: WeightStore, pinned) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_pin_of_a_reader_killed_holding_it_is_broken_at_once(monkeypatch):
-    monkeypatch.setattr(weights, "_PIN_TIMEOUT", 3600.0)  # only the dead pid can end the wait in time
+    monkeypatch.setattr(store_module, "_PIN_TIMEOUT", 3600.0)  # only the dead pid can end the wait in time
     with WeightStore.create(_small(0)) as store:
         store.version  # compile the kernels once, before forking
         pinners = []

@@ -46,7 +46,7 @@ from actors.pool.worker import WorkerArgs, run_worker
 from actors.trajectory import STEP_FIELDS, frames_per_step
 from shmpad.errors import Closed, EnvWorkerError, Timeout
 from shmpad.launch.process import Child, Restarts, spawn
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 
 __all__ = ["EnvPool", "HalfBatch", "PoolStatistics"]
 

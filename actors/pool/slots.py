@@ -18,7 +18,7 @@ Data area of an ``"envpool"`` segment (byte offsets from its start; 64-byte line
     L(w) + 2 + H + h  worker w        OBS[w, h]: observation batches worker w finished for half h
 
     with L(w) = 1 + H + w * (2 + 2 * H), then the fields, each a C-contiguous
-    [B, *shape] array at a 64-byte aligned offset recorded in the metadata:
+    [B, *shape] array at a 64-byte aligned offset recorded in the metadata (shmpad.shm.arrays):
 
     obs             [B, *obs_shape]     obs_dtype   the latest observation (the first of the
                                                     next episode after an episode ended)
@@ -39,7 +39,6 @@ then publishes ``ACT += 1``. Both counters only grow, each has one writer at a t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +46,8 @@ import numpy as np
 
 from actors.envs.spec import EnvSpec
 from actors.trajectory import STEP_FIELDS, step_fields
-from shmpad.errors import SegmentError
-from shmpad.ringbuf.segment import CACHE_LINE, Segment
+from shmpad.shm.arrays import field_entries, map_fields
+from shmpad.shm.segment import CACHE_LINE, Segment
 
 __all__ = ["PoolSlots", "KIND", "FIELDS"]
 
@@ -101,13 +100,9 @@ class PoolSlots:
     @classmethod
     def create(cls, spec: EnvSpec, num_workers: int, envs_per_worker: int, halves: int) -> "PoolSlots":
         geo = _Geometry(num_workers, envs_per_worker, halves)
-        offset = geo.control_lines * CACHE_LINE
-        layout = []
-        for name, dtype, shape in step_fields(spec):
-            layout.append([name, dtype.str, list(shape), offset])
-            offset += -(-(geo.num_envs * dtype.itemsize * math.prod(shape)) // CACHE_LINE) * CACHE_LINE
-        meta = {"num_workers": num_workers, "envs_per_worker": envs_per_worker, "halves": halves, "fields": layout}
-        return cls(Segment.create(KIND, meta, offset))
+        entries, end = field_entries(step_fields(spec), geo.num_envs, start=geo.control_lines * CACHE_LINE)
+        meta = {"num_workers": num_workers, "envs_per_worker": envs_per_worker, "halves": halves, "fields": entries}
+        return cls(Segment.create(KIND, meta, end))
 
     @classmethod
     def attach(cls, name: str) -> "PoolSlots":
@@ -118,16 +113,7 @@ class PoolSlots:
         meta = seg.meta
         self.geometry = geo = _Geometry(meta["num_workers"], meta["envs_per_worker"], meta["halves"])
         self.words = seg.words
-        self.fields: dict[str, np.ndarray] = {}
-        end = 0
-        for name, dstr, shape, offset in meta["fields"]:
-            dtype = np.dtype(dstr)
-            end = max(end, offset + geo.num_envs * dtype.itemsize * math.prod(shape))
-            if end > len(seg.data):
-                raise SegmentError(
-                    f"pool segment {seg.name!r} is damaged: field {name!r} ends at {end}, data area has {len(seg.data)} bytes"
-                )
-            self.fields[name] = np.ndarray((geo.num_envs, *shape), dtype, buffer=seg.data, offset=offset)
+        self.fields = map_fields(seg.data, meta["fields"], geo.num_envs, f"pool segment {seg.name!r}")
         base = seg.data_offset // 8  # word index of the data area
         line = lambda n: base + n * _LINE_WORDS  # noqa: E731
         h_range, w_range = range(geo.halves), range(geo.num_workers)

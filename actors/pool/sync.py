@@ -1,7 +1,7 @@
 """Compiled hand-offs between the pool's consumer and its workers, on shared counters.
 
 Every hand-off is a counter with one writer, published with a release store and
-read with an acquire load, and an event (``shmpad.ringbuf.wait``) that the writer
+read with an acquire load, and an event (``shmpad.shm.wait``) that the writer
 notifies so that a reader that ran out of spins can sleep on a futex. The payload
 (actions, or observations and rewards) is written before the counter moves, so a
 reader that sees the new count sees the whole payload.
@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from shmpad.ringbuf.atomics import cpu_pause, fence_seq_cst, load_acquire, load_relaxed, store_relaxed, store_release
-from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
+from shmpad.shm.atomics import cpu_pause, fence_seq_cst, load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.shm.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
 __all__ = [
     "LONG_WAIT_NS",

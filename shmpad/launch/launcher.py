@@ -26,7 +26,7 @@ from shmpad.launch.supervisor import WorkerManager
 from shmpad.nodes.address import bind_addresses
 from shmpad.nodes.base import Node, as_node
 from shmpad.program import Program
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 from shmpad.top.registry import Registry
 
 __all__ = ["LaunchType", "launch", "PythonProcess", "is_local_launch", "is_local_launch_or_test"]

@@ -26,7 +26,7 @@ from shmpad.launch.output import Lines
 from shmpad.launch.process import fork
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 
 __all__ = ["NodeRun", "launcher_fds", "start_process", "start_thread"]
 

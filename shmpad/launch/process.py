@@ -41,7 +41,7 @@ import numba
 
 from shmpad._checks import check_int
 from shmpad.errors import describe_exit
-from shmpad.ringbuf import segment
+from shmpad.shm import segment
 
 __all__ = ["fork", "die_with_parent", "spawn", "Child", "Restarts", "describe_status"]
 

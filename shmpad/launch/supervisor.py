@@ -36,7 +36,7 @@ from shmpad.launch.node_run import NodeRun, launcher_fds, start_process, start_t
 from shmpad.launch.output import say
 from shmpad.launch.resources import PythonProcess
 from shmpad.nodes.base import Node
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 from shmpad.top.registry import PHASE_ENDED, PHASE_STOPPING, Registry
 
 __all__ = ["WorkerManager"]

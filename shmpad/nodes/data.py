@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from shmpad.nodes.base import Handle, Node
-from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing, WeightStore
+from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing
+from shmpad.weights import WeightStore
 
 __all__ = ["RingNode", "WeightStoreNode"]
 

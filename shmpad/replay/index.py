@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit
 
 from shmpad.replay.selectors import FIFO, LIFO, MIN_HEAP, PRIORITIZED, UNIFORM
-from shmpad.ringbuf.segment import CACHE_LINE
+from shmpad.shm.arrays import place
 
 # control words (int64, indices into ctl); lines 0-2 are the lock and the events (lock.py)
 LOCK = 0
@@ -63,29 +63,20 @@ RATE_LIMITED = -1
 NO_SLOT = -2
 
 
-def layout(fields: list, max_size: int) -> dict[str, int]:
-    """Byte offsets of a table's arrays in its segment's data area (``table.py`` draws the
-    layout), each on its own cache lines; ``p2`` and ``total`` (the bytes needed) too."""
+def offsets(fields: list, max_size: int) -> dict[str, int]:
+    """Byte offsets of a table's arrays in its segment's data area (``table.py`` draws them),
+    each on its own cache lines; ``p2`` and ``total`` (the bytes needed) too."""
     p2 = 1 << max(0, (max_size - 1).bit_length())
-    offsets: dict[str, int] = {}
-    at = 0
-
-    def place(name: str, nbytes: int) -> None:
-        nonlocal at
-        offsets[name] = at
-        at = -(-(at + nbytes) // CACHE_LINE) * CACHE_LINE
-
-    place("ctl", CTL_WORDS * 8)
-    for name in ("state", "owner", "key", "times", "prio", "prev", "nxt", "free"):
-        place(name, max_size * 8)
-    place("inflight", MAX_INFLIGHT * 2 * 8)
-    for name in ("count_t", "sum_t", "min_t", "max_t"):
-        place(name, 2 * p2 * 8)
-    for name, dtype, shape in fields:
-        place("field:" + name, max_size * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
-    offsets["p2"] = p2
-    offsets["total"] = at
-    return offsets
+    blocks = [("ctl", CTL_WORDS * 8)]
+    blocks += [(name, max_size * 8) for name in ("state", "owner", "key", "times", "prio", "prev", "nxt", "free")]
+    blocks.append(("inflight", MAX_INFLIGHT * 2 * 8))
+    blocks += [(name, 2 * p2 * 8) for name in ("count_t", "sum_t", "min_t", "max_t")]
+    blocks += [
+        ("field:" + name, max_size * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        for name, dtype, shape in fields
+    ]
+    placed, total = place(blocks)
+    return {**placed, "p2": p2, "total": total}
 
 
 @njit(nogil=True, cache=True)

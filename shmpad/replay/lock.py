@@ -5,11 +5,11 @@ Why a lock and not lock-free: one insert or sample changes several structures at
 must agree, and a lock-free version of that is a research project. The lock guards only
 that bookkeeping (microseconds of compiled code); an inserter copies its item's bytes
 outside it, into a slot nobody else can see, and a sampler gathers its rows outside it
-and then checks that they were not evicted meanwhile (``paths.sample_and_gather``).
+and then checks that they were not evicted meanwhile (``hot_path.sample_and_gather``).
 
 The lock word holds the holder's pid (0: free)::
 
-    acquire    CAS 0 -> pid, spinning a while; then sleep on LOCK_EV (wait.py) with a
+    acquire    CAS 0 -> pid, spinning a while; then sleep on LOCK_EV (shm/wait.py) with a
                short timeout, and on waking look whether the holder is still alive
     release    store 0 (release: pairs with the acquire CAS of the next holder), notify
 
@@ -28,9 +28,9 @@ import time
 from numba import njit
 
 from shmpad.replay.index import LOCK, LOCK_EV
-from shmpad.ringbuf.atomics import cas, cpu_pause, load_acquire, store_release
-from shmpad.ringbuf.mpmc import pid_alive
-from shmpad.ringbuf.wait import finish_wait, notify, prepare_wait, sleep
+from shmpad.shm.atomics import cas, cpu_pause, load_acquire, store_release
+from shmpad.shm.pids import pid_alive
+from shmpad.shm.wait import finish_wait, notify, prepare_wait, sleep
 
 __all__ = ["acquire", "release", "SPINS", "SLEEP_NS"]
 

@@ -19,7 +19,7 @@ takes the lock again to publish it. A sample takes the lock to choose its items 
 the draws, and gathers their rows into fresh arrays after releasing it, so that samplers
 copy side by side; it then checks, seqlock-style, that no insert evicted an item while it
 was copied (its slot is still READY with the same key), and draws any such row again
-under the lock (``paths.redraw``). With ``max_times_sampled`` a sample may free the
+under the lock (``hot_path.redraw``). With ``max_times_sampled`` a sample may free the
 slots it draws, so it gathers under the lock. So a reader sees whole items only: an inserter
 killed mid-copy leaves a WRITING slot that is never shown and is freed once its death
 is noticed (when a slot or an insert is waited for); a process killed holding the lock
@@ -38,16 +38,17 @@ import numpy as np
 
 from shmpad._checks import check_int, deadline, type_name
 from shmpad.errors import Closed, Timeout
-from shmpad.replay import index, lock, paths
-from shmpad.replay.checkpoint import load_checkpoint, restore_table, write_checkpoint
+from shmpad.replay import checkpoint as checkpoints
+from shmpad.replay import hot_path, index, lock
+from shmpad.replay.checkpoint import CONFIG_KEYS, Snapshot
 from shmpad.replay.rate_limiters import MinSize, RateLimiter
 from shmpad.replay.rate_limiters import from_dict as rate_limiter_from_dict
 from shmpad.replay.selectors import Fifo, Selector, Uniform, check_selector, from_dict
 from shmpad.replay.writer import Writer
-from shmpad.ringbuf.mpmc import pid_alive
-from shmpad.ringbuf.segment import Segment
-from shmpad.ringbuf.typed import Spec, _as_array, _normalise, _to_torch
-from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
+from shmpad.shm.arrays import Spec, array_at, as_array, fields_of, to_torch
+from shmpad.shm.pids import current_pid, pid_alive
+from shmpad.shm.segment import Segment
+from shmpad.shm.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
 __all__ = ["Table", "TableInfo", "SampleBatch"]
 
@@ -104,14 +105,6 @@ def _check_priority(priority: Any, what: str = "priority") -> float:
     return p
 
 
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-
-
-def _pid() -> int:
-    return _PID[0]
-
-
 class Table:
     """A replay table of at most ``max_size`` items, each a dict of fixed-shape arrays
     (``spec``: ``{field: (dtype, shape)}``, as ``TypedRing``).
@@ -141,7 +134,7 @@ class Table:
     ):
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
-        fields = _normalise(spec)
+        fields = fields_of(spec)
         max_size = check_int("max_size", max_size, 1, MAX_SIZE)
         sampler = check_selector("sampler", Uniform() if sampler is None else sampler)
         remover = check_selector("remover", Fifo() if remover is None else remover)
@@ -153,7 +146,7 @@ class Table:
             )
         max_times_sampled = check_int("max_times_sampled", max_times_sampled, minimum=0)
         exponent = _exponent(sampler, remover)
-        offsets = index.layout(fields, max_size)
+        offsets = index.offsets(fields, max_size)
         meta = {
             "name": name,
             "spec": [[f, d.str, list(s)] for f, d, s in fields],
@@ -198,7 +191,7 @@ class Table:
         p2 = off["p2"]
 
         def arr(name: str, dtype: Any, count: int) -> np.ndarray:
-            return np.frombuffer(data, dtype=dtype, count=count, offset=off[name])
+            return array_at(data, off[name], dtype, (count,), f"replay table {seg.name!r}: array {name!r}")
 
         self._ctl = arr("ctl", np.int64, index.CTL_WORDS)
         self._index = (
@@ -218,13 +211,14 @@ class Table:
             arr("max_t", np.float64, 2 * p2),
         )
         self._data = {
-            f: arr("field:" + f, d, n * int(np.prod(s, dtype=np.int64))).reshape((n, *s)) for f, d, s in self.fields
+            f: array_at(data, off["field:" + f], d, (n, *s), f"replay table {seg.name!r}: field {f!r}")
+            for f, d, s in self.fields
         }
         self._rows = tuple(a.reshape(-1).view(np.uint8) for a in self._data.values())
         self._row_bytes = np.array([a[0].nbytes for a in self._data.values()], np.int64)
         self._seed = seed
         self._rng_pid = -1
-        self._creator_pid = _pid() if seg.owned else -1
+        self._creator_pid = current_pid() if seg.owned else -1
         self._rng_: np.random.Generator | None = None
 
     # -- pickling, closing ---------------------------------------------------------------
@@ -272,7 +266,7 @@ class Table:
             raise Closed(f"replay table {self.name!r} is closed")
 
     def _rng(self) -> np.random.Generator:
-        pid = _pid()
+        pid = current_pid()
         if self._rng_pid != pid:  # a forked copy must not repeat its parent's choices
             # the creating handle draws from the seed alone (reproducible); every other process, from seed and pid
             key = [self._seed] if pid == self._creator_pid else [self._seed, pid]
@@ -319,7 +313,7 @@ class Table:
             )
         out = []
         for f, dtype, shape in self.fields:
-            a = _as_array(item[f])
+            a = as_array(item[f])
             if a.shape != shape:
                 raise ValueError(f"replay table {self.name!r}: field {f!r} must have shape {shape}, got {a.shape}")
             if a.dtype != dtype:
@@ -337,16 +331,16 @@ class Table:
         src = self._checked_item(item)
         priority = _check_priority(priority)
         self._check_open()
-        t, pid = self._index, _pid()
+        t, pid = self._index, current_pid()
         mts = self.max_times_sampled
         args = (self._limits, self.remover.code, self._rng().random(), pid, mts, lock.SPINS)
-        slot = paths.reserve_and_copy(t, *args, False, self._rows, self._row_bytes, src)
+        slot = hot_path.reserve_and_copy(t, *args, False, self._rows, self._row_bytes, src)
         if slot < 0:
             slot = self._reserve_slowly(args, src, deadline(timeout))
-        key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, False)
-        if key == paths.BUSY:
+        key = hot_path.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, False)
+        if key == hot_path.BUSY:
             self._lock()
-            key = paths.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, True)
+            key = hot_path.publish(t, slot, priority, self._exponent, mts, pid, lock.SPINS, True)
         return int(key)
 
     def writer(self) -> Writer:
@@ -364,11 +358,11 @@ class Table:
             seq = prepare_wait(ctl, index.EV_CHANGED)
             try:
                 self._lock()
-                slot = paths.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
+                slot = hot_path.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
                 if slot < 0 and len(self._dead_writers()):  # a dead inserter holds a reservation
                     self._lock()
                     self._recover()
-                    slot = paths.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
+                    slot = hot_path.reserve_and_copy(t, *args, True, self._rows, self._row_bytes, src)
                 if slot >= 0:
                     return slot
                 why = (
@@ -389,7 +383,7 @@ class Table:
         samples back; ``Timeout`` after that. ``torch=True``: ``data`` as tensors."""
         b = check_int("batch_size", batch_size, 1, 1 << 20)
         self._check_open()
-        ctl, t, pid = self._ctl, self._index, _pid()
+        ctl, t, pid = self._ctl, self._index, current_pid()
         slots = np.empty(b, np.int64)
         keys = np.empty(b, np.int64)
         probs = np.empty(b, np.float64)
@@ -400,27 +394,27 @@ class Table:
         head = (self._limits, self.sampler.code)
         tail = (self.max_times_sampled, pid, lock.SPINS)
         rest = (self._rows, self._row_bytes, dst, slots, keys, probs, prios, times)
-        size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
+        size = hot_path.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
         until = None
         while size <= 0:
-            if size == paths.TORN:  # items evicted while they were copied: draw those rows again
+            if size == hot_path.TORN:  # items evicted while they were copied: draw those rows again
                 u = self._rng().random(b)
-                size = paths.redraw(t, self.sampler.code, u, pid, lock.SPINS, False, *rest)
-                if size == paths.BUSY:
+                size = hot_path.redraw(t, self.sampler.code, u, pid, lock.SPINS, False, *rest)
+                if size == hot_path.BUSY:
                     self._lock()
-                    size = paths.redraw(t, self.sampler.code, u, pid, lock.SPINS, True, *rest)
+                    size = hot_path.redraw(t, self.sampler.code, u, pid, lock.SPINS, True, *rest)
                 continue
             until = deadline(timeout) if until is None else until
             seq = prepare_wait(ctl, index.EV_CHANGED)
             try:
                 self._lock()
-                size = paths.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
+                size = hot_path.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
                 if size == 0:
                     self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
                     self._check_open()
             finally:
                 finish_wait(ctl, index.EV_CHANGED)
-        return SampleBatch(_to_torch(out) if torch else out, keys, probs, prios, times, int(size))
+        return SampleBatch(to_torch(out) if torch else out, keys, probs, prios, times, int(size))
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set the priorities of the items with ``keys``; keys of items no longer in the
@@ -472,14 +466,84 @@ class Table:
     def checkpoint(self, path: str | os.PathLike) -> str:
         """Write every item (data, key, priority, times sampled, in insertion order) and
         the counters to ``path`` (a ``.npz``; written whole, then renamed into place)."""
-        return write_checkpoint(self, path)
+        if self._ctl is None:
+            raise Closed(f"replay table {self.name!r}: this handle is closed")
+        path = os.fspath(path)
+        return checkpoints.write(self._snapshot(), path)
 
     def load(self, path: str | os.PathLike) -> None:
         """Fill this empty table from a checkpoint of a table with the same spec,
         max_size, selectors, rate limiter and max_times_sampled."""
-        load_checkpoint(self, path)
+        self._check_open()
+        self._fill(checkpoints.read(path), path)
 
     @classmethod
     def restore(cls, path: str | os.PathLike, seed: int | None = None) -> Table:
         """A new table made from a checkpoint: the same configuration and items."""
-        return restore_table(cls, path, seed)
+        snapshot = checkpoints.read(path)
+        c = snapshot.config
+        table = cls(
+            c["name"],
+            {f: (d, tuple(s)) for f, d, s in c["spec"]},
+            c["max_size"],
+            from_dict(c["sampler"]),
+            from_dict(c["remover"]),
+            rate_limiter_from_dict(c["rate_limiter"]),
+            c["max_times_sampled"],
+            seed=seed,
+        )
+        try:
+            table._fill(snapshot, path)
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    def _config(self) -> dict:
+        meta = self._seg.meta
+        return {k: meta[k] for k in CONFIG_KEYS}
+
+    def _snapshot(self) -> Snapshot:
+        """Every ready item and the counters, taken under the lock (so whole items only)."""
+        self._lock()
+        try:
+            t = self._index
+            slots = index.ready_slots(t)
+            snapshot = Snapshot(
+                config=self._config(),
+                keys=t[3][slots].copy(),
+                times=t[4][slots].copy(),
+                priorities=t[5][slots].copy(),
+                counters=self._ctl[[index.INSERTS, index.SAMPLES, index.DELETES, index.NEXT_SEQ]].copy(),
+                fields={f: a[slots] for f, a in self._data.items()},
+            )
+        finally:
+            lock.release(self._ctl)
+        return snapshot
+
+    def _fill(self, snapshot: Snapshot, path: str | os.PathLike) -> None:
+        """Fill this empty table with the items and counters of ``snapshot``, read from ``path``."""
+        mine = self._config()
+        differs = [k for k in mine if k != "name" and snapshot.config.get(k) != mine[k]]
+        if differs:
+            raise ValueError(
+                f"checkpoint {os.fspath(path)!r} is of a different table: its {differs} differ from "
+                f"table {self.name!r}'s"
+            )
+        self._lock()
+        try:
+            ctl, state, owner, key, tm, prio = self._index[:6]
+            if ctl[index.SIZE] or ctl[index.PENDING] or ctl[index.INSERTS]:
+                raise ValueError(f"replay table {self.name!r} must be empty to load a checkpoint")
+            slots = snapshot.keys % self.max_size
+            for f, a in self._data.items():
+                a[slots] = snapshot.fields[f]
+            key[slots] = snapshot.keys
+            tm[slots] = snapshot.times
+            prio[slots] = snapshot.priorities
+            state[slots] = index.READY
+            ctl[[index.INSERTS, index.SAMPLES, index.DELETES, index.NEXT_SEQ]] = snapshot.counters
+            index.rebuild(self._index, self._exponent, np.empty(0, np.int64), self.max_times_sampled)
+        finally:
+            lock.release(self._ctl)
+        notify(self._ctl, index.EV_CHANGED)

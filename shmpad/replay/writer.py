@@ -16,17 +16,24 @@ as it was.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
 from shmpad._checks import check_int, type_name
-from shmpad.ringbuf.typed import _as_array
-
-if TYPE_CHECKING:
-    from shmpad.replay.table import Table
+from shmpad.shm.arrays import Field, as_array
 
 __all__ = ["Writer"]
+
+
+class Table(Protocol):
+    """What a writer uses of the replay table it writes to (``shmpad.replay.Table``, which
+    makes writers and so is imported by this module's users, never by this module)."""
+
+    name: str
+    fields: list[Field]
+
+    def insert(self, item: Mapping[str, Any], priority: float = 1.0, timeout: float | None = None) -> int: ...
 
 
 class Writer:
@@ -69,7 +76,7 @@ class Writer:
             )
         values = []
         for f, dtype, shape in fields:
-            a = _as_array(step[f])
+            a = as_array(step[f])
             if a.shape != shape[1:]:
                 raise ValueError(
                     f"replay table {name!r}: a step's field {f!r} must have shape {shape[1:]}, got {a.shape}"

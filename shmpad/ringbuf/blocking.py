@@ -24,10 +24,9 @@ from typing import Any, Callable
 
 from numba import njit
 
+from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, Timeout, WouldBlock
-from shmpad.ringbuf.args import check_timeout
-from shmpad.ringbuf.atomics import cpu_pause, fetch_add, load_acquire
-from shmpad.ringbuf.layout import (
+from shmpad.ringbuf.control import (
     CLOSED,
     CLOSED_CODE,
     EV_NOT_EMPTY,
@@ -37,9 +36,10 @@ from shmpad.ringbuf.layout import (
     WAITS_EMPTY,
     WAITS_FULL,
 )
-from shmpad.ringbuf.wait import finish_wait, prepare_wait, sleep
+from shmpad.shm.atomics import cpu_pause, fetch_add, load_acquire
+from shmpad.shm.wait import finish_wait, prepare_wait, sleep
 
-__all__ = ["Blocking", "SPIN", "SLEEP_CHUNK_S"]
+__all__ = ["Blocking", "SPIN", "SLEEP_CHUNK_S", "nowait"]
 
 # Spins before sleeping, at most: long enough to cover a peer that is mid-copy (~tens of us).
 SPIN = 2000
@@ -120,7 +120,7 @@ class Blocking:
             self._raise_empty(r, wait_ok=True)
         else:
             self._raise_for(r, data)
-        deadline = check_timeout(timeout)
+        deadline = _deadline(timeout)
         counter = WAITS_EMPTY if reading else WAITS_FULL
         while True:
             self._wait(reading, counter, deadline, timeout, what)
@@ -165,3 +165,13 @@ class Blocking:
             if seen != UNCHANGED:
                 return
             self._recover()
+
+
+def nowait(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, timeout=0, **kwargs)``, raising ``WouldBlock`` where it would raise
+    ``Timeout``: the ``X_nowait`` twin of a blocking ``X`` (trio's rule: ``X_nowait``
+    raises ``WouldBlock``, ``X(timeout=...)`` raises ``Timeout``)."""
+    try:
+        return call(*args, timeout=0, **kwargs)
+    except Timeout as e:
+        raise WouldBlock(str(e)) from None

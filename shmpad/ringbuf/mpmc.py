@@ -1,6 +1,6 @@
 """Multi-producer multi-consumer ring of byte messages that survives dead claimants.
 
-Layout of the data area (after the control block of ``layout.py``)::
+Layout of the data area (after the control block of ``control.py``)::
 
     word  SLOT_WORDS + 8 i        state of slot i (below)
     word  SLOT_WORDS + 8 i + 1    length in bytes of the message in slot i
@@ -60,11 +60,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from shmpad.ringbuf import ring as _ring
-from shmpad.ringbuf.args import fast_entry
-from shmpad.ringbuf.atomics import cas, load_acquire, load_relaxed, store_relaxed, store_release
-from shmpad.ringbuf.kernels import Kernels
-from shmpad.ringbuf.layout import (
+from shmpad.ringbuf.control import (
     CAPACITY,
     CLOSED,
     CLOSED_CODE,
@@ -80,8 +76,8 @@ from shmpad.ringbuf.layout import (
     TAIL,
     TOO_BIG,
     WORDS_PER_LINE,
+    Kernels,
 )
-from shmpad.ringbuf.memcopy import copy_bytes
 from shmpad.ringbuf.mpmc_slots import (
     _LENGTH,
     FREE,
@@ -100,13 +96,17 @@ from shmpad.ringbuf.mpmc_slots import (
     _state_word,
     _stuck,
     _traffic,
-    pid_alive,
 )
-from shmpad.ringbuf.ring import ByteRing, current_pid
-from shmpad.ringbuf.segment import Segment
-from shmpad.ringbuf.wait import notify, notify_always, sleepers
+from shmpad.ringbuf.ring import ByteRing
+from shmpad.shm import pids
+from shmpad.shm.atomics import cas, load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.shm.compiled import fast_entry
+from shmpad.shm.memcopy import copy_bytes
+from shmpad.shm.pids import current_pid, pid_alive
+from shmpad.shm.segment import Segment
+from shmpad.shm.wait import notify, notify_always, sleepers
 
-__all__ = ["MPMCRing", "pid_alive"]
+__all__ = ["MPMCRing"]
 
 # _take_small's flag: the message did not fit, its slot is still claimed.
 HELD = 1 << 62
@@ -409,7 +409,7 @@ class MPMCRing(ByteRing):
         left held."""
         # one call into compiled code where the message is small: it is copied out and
         # its slot freed in the call (peek, then release: 1.3x the time for 64 B)
-        r = self._take_small(self._ctl, self._small, _ring._pid)
+        r = self._take_small(self._ctl, self._small, pids.pid)
         if r < 0:
             r = self._retry(r, self._take_small_once, True, timeout, "get_bytes", None)
         if r < HELD:
@@ -418,7 +418,7 @@ class MPMCRing(ByteRing):
 
     def get_bytes_nowait(self) -> bytes:
         """``get_bytes`` that raises ``WouldBlock`` instead of waiting."""
-        r = self._take_small(self._ctl, self._small, _ring._pid)
+        r = self._take_small(self._ctl, self._small, pids.pid)
         if r < 0:
             self._raise_empty(r)
         if r < HELD:
@@ -426,7 +426,7 @@ class MPMCRing(ByteRing):
         return self._copy_out(r ^ HELD)
 
     def _take_small_once(self) -> int:
-        return self._take_small(self._ctl, self._small, _ring._pid)
+        return self._take_small(self._ctl, self._small, pids.pid)
 
     def get_into(self, out: Any, timeout: float | None = None) -> int:
         """Copy the next message into ``out`` (a writable bytes-like object of at
@@ -435,7 +435,7 @@ class MPMCRing(ByteRing):
         # ByteRing.get_into less what an MPMC ring never needs (a read-ahead to hand
         # back, views that must be released first): most of a call's cost is Python's
         buf = self._into_buf if out is self._into_out else self._into(out)
-        r = self._take_into(self._ctl, buf, _ring._pid)
+        r = self._take_into(self._ctl, buf, pids.pid)
         if r < 0:
             r = self._take_into_waiting(r, buf, timeout)
         return r

@@ -7,12 +7,9 @@ claimant that died (``mpmc.py``, liveness).
 
 from __future__ import annotations
 
-import os
-
 from numba import njit
 
-from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed
-from shmpad.ringbuf.layout import (
+from shmpad.ringbuf.control import (
     CAPACITY,
     DEAD_CLAIMS,
     EV_NOT_EMPTY,
@@ -22,9 +19,10 @@ from shmpad.ringbuf.layout import (
     TAIL,
     WORDS_PER_LINE,
 )
-from shmpad.ringbuf.wait import notify
+from shmpad.shm.atomics import cas, fetch_add, load_acquire, load_relaxed, store_relaxed
+from shmpad.shm.wait import notify
 
-__all__ = ["FREE", "LAP_MASK", "PID_MASK", "READING", "READY", "REFILL_MAX", "WRITING", "pid_alive"]
+__all__ = ["FREE", "LAP_MASK", "PID_MASK", "READING", "READY", "REFILL_MAX", "WRITING"]
 
 FREE, WRITING, READY, READING = 0, 1, 2, 3
 LAP_MASK = 0x7FFFFFFF
@@ -107,22 +105,6 @@ def _drop_claim(ctl, which, s):
     notify(ctl, EV_NOT_FULL)
     notify(ctl, EV_NOT_EMPTY)
     return True
-
-
-def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 @njit(nogil=True, cache=True)

@@ -4,24 +4,23 @@ A ring kind (``spsc.py``, ``mpmc.py``) supplies numba kernels with one calling
 convention; this module turns them into ``put``/``get`` and friends. The fast
 path of every call is one compiled kernel call: on success nothing else runs.
 Kernels take the control words (``ctl``, the data area as int64) and the pid of
-the calling process, and return a result >= 0 or a code from ``layout.py``.
+the calling process, and return a result >= 0 or a code from ``control.py``.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 from numba import njit
 
+from shmpad._checks import check_int
+from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
-from shmpad.ringbuf.args import as_u8, check_int, check_timeout, fast_entry, nowait, rows_u8
-from shmpad.ringbuf.atomics import load_acquire, store_release
 from shmpad.ringbuf.batch import MessageBatch
-from shmpad.ringbuf.blocking import Blocking
-from shmpad.ringbuf.kernels import Kernels
-from shmpad.ringbuf.layout import (
+from shmpad.ringbuf.blocking import Blocking, nowait
+from shmpad.ringbuf.control import (
     BYTES_GOT,
     BYTES_PUT,
     CAPACITY,
@@ -42,31 +41,54 @@ from shmpad.ringbuf.layout import (
     TAIL,
     WAITS_EMPTY,
     WAITS_FULL,
-    round_up,
+    Kernels,
 )
-from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
-from shmpad.ringbuf.statistics import RingStatistics
-from shmpad.ringbuf.wait import notify_always
+from shmpad.shm import pids
+from shmpad.shm.atomics import load_acquire, store_release
+from shmpad.shm.compiled import fast_entry
+from shmpad.shm.segment import CACHE_LINE, PAGE, Segment, round_up
+from shmpad.shm.wait import notify_always
 
-__all__ = ["ByteRing", "Kernels", "current_pid"]
+__all__ = ["ByteRing", "RingStatistics"]
 
 MAX_SLOT_SIZE = (1 << 32) - 1
 MAX_CAPACITY = (1 << 31) - 1
 
-_pid = os.getpid()
+
+@dataclass(frozen=True)
+class RingStatistics:
+    """Counters of a ring since it was created, summed over every process that used it."""
+
+    capacity: int
+    size: int
+    puts: int
+    gets: int
+    bytes_put: int
+    bytes_got: int
+    waits_full: int
+    waits_empty: int
+    dead_claims_skipped: int
+    closed: bool
 
 
-def _after_fork() -> None:
-    global _pid
-    _pid = os.getpid()
+def as_u8(data: Any) -> np.ndarray:
+    """A 1-D uint8 view of any C-contiguous bytes-like object (no copy): a message as the kernels take it."""
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            data = np.ascontiguousarray(data)
+        return data.reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    except TypeError:
+        raise TypeError(
+            f"a message must be bytes-like (bytes, bytearray, memoryview, numpy array), got {type(data).__name__}"
+        ) from None
 
 
-os.register_at_fork(after_in_child=_after_fork)
-
-
-def current_pid() -> int:
-    """This process's pid, kept current across fork without a system call."""
-    return _pid
+def rows_u8(messages: np.ndarray) -> np.ndarray:
+    """The rows of a 2-D array of messages as ``[k, row bytes]`` uint8."""
+    rows = np.ascontiguousarray(messages)
+    return rows.view(np.uint8).reshape(rows.shape[0], -1)
 
 
 @njit(nogil=True, cache=True)
@@ -97,12 +119,14 @@ class ByteRing(Blocking):
         """A new ring of ``capacity`` slots, each holding a message of up to ``slot_size`` bytes."""
         capacity = check_int("capacity", capacity, 1, MAX_CAPACITY)
         slot_size = check_int("slot_size", slot_size, 1, MAX_SLOT_SIZE)
-        return cls(cls._create_segment(capacity, slot_size, name, {}, 0))
+        return cls(cls.create_segment(capacity, slot_size, name, {}, 0))
 
     @classmethod
-    def _create_segment(cls, capacity: int, slot_size: int, name, extra_meta: dict, extra_bytes: int) -> Segment:
+    def create_segment(
+        cls, capacity: int, slot_size: int, name: str | None, extra_meta: dict, extra_bytes: int
+    ) -> Segment:
         """The segment of a ring; ``extra_bytes`` more, page-aligned at ``meta["extra"]``,
-        hold a payload laid out by the caller (typed rings)."""
+        hold a payload laid out by the caller (typed rings, which hand the segment to ``cls``)."""
         stride = round_up(slot_size, CACHE_LINE)
         slot_words = CONTROL_WORDS
         slots = round_up(8 * (slot_words + capacity * cls.SLOT_WORDS_PER_SLOT), PAGE)
@@ -186,25 +210,25 @@ class ByteRing(Blocking):
         """Copy ``data`` (bytes-like, up to ``slot_size`` bytes) into the ring, waiting
         up to ``timeout`` seconds for a free slot (None: as long as it takes)."""
         if type(data) is bytes:
-            r = self._put(self._ctl, data, _pid)
+            r = self._put(self._ctl, data, pids.pid)
         else:
             data = as_u8(data)
-            r = self._put_any(self._ctl, data, _pid)
+            r = self._put_any(self._ctl, data, pids.pid)
         if r != 0:
             self._put_waiting(r, data, timeout)
 
     def _put_waiting(self, r: int, data: Any, timeout: float | None) -> None:
         # put's slow path, a function of its own: the closure would cost every put its cells
         put = self.kernels.put
-        self._retry(r, lambda: put(self._ctl, data, _pid), False, timeout, "put", data)
+        self._retry(r, lambda: put(self._ctl, data, pids.pid), False, timeout, "put", data)
 
     def put_nowait(self, data: Any) -> None:
         """``put`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
         if type(data) is bytes:
-            r = self._put(self._ctl, data, _pid)
+            r = self._put(self._ctl, data, pids.pid)
         else:
             data = as_u8(data)
-            r = self._put_any(self._ctl, data, _pid)
+            r = self._put_any(self._ctl, data, pids.pid)
         if r != 0:
             self._raise_for(r, data)
             raise WouldBlock(f"ring is full ({self.capacity} messages)")
@@ -223,7 +247,7 @@ class ByteRing(Blocking):
                 raise ValueError(f"slot holds at most {self.slot_size} bytes, got messages of {rows.shape[1]}")
             total = rows.shape[0]
             put_rows = self.kernels.put_rows
-            step = lambda: put_rows(self._ctl, rows, done, _pid)  # noqa: E731
+            step = lambda: put_rows(self._ctl, rows, done, pids.pid)  # noqa: E731
         else:
             parts = [m if type(m) is bytes else as_u8(m) for m in messages]
             lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
@@ -235,8 +259,8 @@ class ByteRing(Blocking):
             buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
             total = len(parts)
             put_packed = self.kernels.put_packed
-            step = lambda: put_packed(self._ctl, buf, offsets, done, _pid)  # noqa: E731
-        deadline = check_timeout(timeout)
+            step = lambda: put_packed(self._ctl, buf, offsets, done, pids.pid)  # noqa: E731
+        deadline = _deadline(timeout)
         done = 0
         counter = WAITS_FULL
         while done < total:
@@ -266,20 +290,20 @@ class ByteRing(Blocking):
         if self._reserved >= 0:
             raise RuntimeError("reserve() called again before commit() of the previous reservation")
         n = check_int("n", n, 0, self.slot_size)
-        self._reserved = self._claim_slot(n, timeout)
+        self._reserved = self.claim_slot(n, timeout)
         self._reserved_n = n
         if self.RESERVE_BLOCKS_PUT:
             self._put = self._put_any = _reservation_open
         off = self._slots_abs + self._reserved * self._stride
         return self._rw[off : off + n]
 
-    def _claim_slot(self, n: int, timeout: float | None, what: str = "reserve") -> int:
+    def claim_slot(self, n: int, timeout: float | None, what: str = "reserve") -> int:
         """The index of a free slot claimed for writing ``n`` bytes; publish it with
-        ``kernels.commit``."""
+        ``commit_slot``."""
         reserve = self.kernels.reserve
-        r = reserve(self._ctl, n, _pid)
+        r = reserve(self._ctl, n, pids.pid)
         if r < 0:
-            r = self._retry(r, lambda: reserve(self._ctl, n, _pid), False, timeout, what, None)
+            r = self._retry(r, lambda: reserve(self._ctl, n, pids.pid), False, timeout, what, None)
         return r
 
     def commit(self, n: int | None = None) -> None:
@@ -299,7 +323,7 @@ class ByteRing(Blocking):
 
     def _get_view(self, timeout: float | None, what: str) -> memoryview:
         self._drop_cache()
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, pids.pid)
         if r < 0:
             r = self._retry(r, self._peek_once, True, timeout, what, None)
         slot = r >> 32
@@ -310,7 +334,7 @@ class ByteRing(Blocking):
     def get_nowait(self) -> memoryview:
         """``get`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
         self._drop_cache()
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, pids.pid)
         if r < 0:
             self._raise_empty(r)
         slot = r >> 32
@@ -322,7 +346,7 @@ class ByteRing(Blocking):
         """The next message as a copy; its slot is free again at once. Nothing is
         left held."""
         self._drop_cache()
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, pids.pid)
         if r < 0:
             r = self._retry(r, self._peek_once, True, timeout, "get_bytes", None)
         return self._copy_out(r)
@@ -330,7 +354,7 @@ class ByteRing(Blocking):
     def get_bytes_nowait(self) -> bytes:
         """``get_bytes`` that raises ``WouldBlock`` instead of waiting."""
         self._drop_cache()
-        r = self._peek(self._ctl, _pid)
+        r = self._peek(self._ctl, pids.pid)
         if r < 0:
             self._raise_empty(r)
         return self._copy_out(r)
@@ -346,7 +370,7 @@ class ByteRing(Blocking):
             n = len(view)
             buf[:n] = np.frombuffer(view, dtype=np.uint8)
             return n
-        r = self._take_into(self._ctl, buf, _pid)
+        r = self._take_into(self._ctl, buf, pids.pid)
         if r < 0:
             r = self._take_into_waiting(r, buf, timeout)
         return r
@@ -354,7 +378,7 @@ class ByteRing(Blocking):
     def _take_into_waiting(self, r: int, buf: np.ndarray, timeout: float | None) -> int:
         # get_into's slow path, a function of its own: the closure would cost every call its cells
         take_into = self.kernels.take_into
-        return self._retry(r, lambda: take_into(self._ctl, buf, _pid), True, timeout, "get_into", None)
+        return self._retry(r, lambda: take_into(self._ctl, buf, pids.pid), True, timeout, "get_into", None)
 
     def _into(self, out: Any) -> np.ndarray:
         """``out`` checked and viewed as bytes, kept for the next call with the same ``out``."""
@@ -379,7 +403,7 @@ class ByteRing(Blocking):
         return buf
 
     def _peek_once(self) -> int:
-        return self._peek(self._ctl, _pid)
+        return self._peek(self._ctl, pids.pid)
 
     def _copy_out(self, r: int) -> bytes:
         slot = r >> 32
@@ -398,25 +422,25 @@ class ByteRing(Blocking):
     def get_many(self, max_n: int, timeout: float | None = None) -> MessageBatch:
         """Between 1 and ``max_n`` messages from consecutive slots, without a copy,
         waiting up to ``timeout`` for the first. Valid until ``release()``."""
-        slot, k = self._take_run(max_n, timeout, True)
+        slot, k = self.take_run(max_n, timeout, True)
         return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
 
     def get_many_nowait(self, max_n: int) -> MessageBatch:
         """``get_many`` that raises ``WouldBlock`` instead of waiting when the ring is empty."""
-        slot, k = self._take_run(max_n, None, False)
+        slot, k = self.take_run(max_n, None, False)
         return MessageBatch(self._rows[slot : slot + k], self._lengths(slot, k))
 
-    def _take_run(self, max_n: int, timeout: float | None, wait: bool, what: str = "get_many") -> tuple[int, int]:
+    def take_run(self, max_n: int, timeout: float | None, wait: bool, what: str = "get_many") -> tuple[int, int]:
         """Take up to ``max_n`` messages in consecutive slots, held until ``release()``:
         (first slot, count)."""
         max_n = check_int("max_n", max_n, 1, MAX_CAPACITY)
         self._drop_cache()
         peek_many = self.kernels.peek_many
-        r = peek_many(self._ctl, max_n, _pid)
+        r = peek_many(self._ctl, max_n, pids.pid)
         if r < 0:
             if not wait:
                 self._raise_empty(r)
-            r = self._retry(r, lambda: peek_many(self._ctl, max_n, _pid), True, timeout, what, None)
+            r = self._retry(r, lambda: peek_many(self._ctl, max_n, pids.pid), True, timeout, what, None)
         slot, k = r >> 32, r & 0xFFFFFFFF
         self._held.append((slot, k))
         return slot, k
@@ -474,10 +498,33 @@ class ByteRing(Blocking):
         c = self._ctl
         return int(_load(c, PUTS)), int(_load(c, GETS)), int(_load(c, BYTES_PUT)), int(_load(c, BYTES_GOT))
 
+    # -- slots, for a structure that keeps its payload beside the ring's (TypedRing) -----
+
+    @property
+    def segment(self) -> Segment:
+        """The ring's segment; a typed ring's arrays sit in its extra area."""
+        return self._seg
+
+    def commit_slot(self, slot: int, n: int) -> None:
+        """Publish ``slot``, claimed by ``claim_slot``, as a message of ``n`` bytes."""
+        self.kernels.commit(self._ctl, slot, n)
+
+    def release_runs(self, runs: list[tuple[int, int]]) -> None:
+        """Free the slots of ``runs`` (slot, count) only, now; every other held slot stays
+        held (MPMC rings, which release out of order)."""
+        self._release_runs(runs)
+
+    def release_all_but(self, keep: list[tuple[int, int]]) -> None:
+        """Free every held slot but the runs in ``keep`` (slot, count)."""
+        self._release_except(keep)
+
     def _lengths(self, slot: int, k: int) -> np.ndarray:
         raise NotImplementedError
 
     def _release_except(self, keep: list[tuple[int, int]]) -> None:
+        raise NotImplementedError
+
+    def _release_runs(self, runs: list[tuple[int, int]]) -> None:
         raise NotImplementedError
 
 

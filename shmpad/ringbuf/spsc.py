@@ -1,6 +1,6 @@
 """Single-producer single-consumer ring of byte messages in shared memory.
 
-Layout of the data area (after the control block of ``layout.py``)::
+Layout of the data area (after the control block of ``control.py``)::
 
     word  SLOT_WORDS + i, i < capacity     length in bytes of the message in slot i
     byte  SLOTS + i * STRIDE                payload of slot i (64-byte aligned)
@@ -24,11 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from shmpad.ringbuf import ring as _ring
-from shmpad.ringbuf.args import fast_entry
-from shmpad.ringbuf.atomics import load_acquire, load_relaxed, store_relaxed, store_release
-from shmpad.ringbuf.kernels import Kernels
-from shmpad.ringbuf.layout import (
+from shmpad.ringbuf.control import (
     BYTES_GOT,
     BYTES_PUT,
     CAPACITY,
@@ -51,10 +47,14 @@ from shmpad.ringbuf.layout import (
     TAIL,
     TAIL_SEEN,
     TOO_BIG,
+    Kernels,
 )
-from shmpad.ringbuf.memcopy import copy_bytes
 from shmpad.ringbuf.ring import ByteRing
-from shmpad.ringbuf.wait import notify
+from shmpad.shm import pids
+from shmpad.shm.atomics import load_acquire, load_relaxed, store_relaxed, store_release
+from shmpad.shm.compiled import fast_entry
+from shmpad.shm.memcopy import copy_bytes
+from shmpad.shm.wait import notify
 
 __all__ = ["SPSCRing"]
 
@@ -324,7 +324,7 @@ class SPSCRing(ByteRing):
         if i >= len(lens):
             if self._held:
                 return super().get_bytes(timeout)
-            r = self._refill(self._ctl, self._read_ahead, _ring._pid)
+            r = self._refill(self._ctl, self._read_ahead, pids.pid)
             if r < 0:
                 r = self._retry(r, self._refill_once, True, timeout, "get_bytes", None)
             k = r & 0xFFFFFFFF
@@ -351,7 +351,7 @@ class SPSCRing(ByteRing):
         self._held[:] = keep
 
     def _refill_once(self) -> int:
-        return self._refill(self._ctl, self._read_ahead, _ring._pid)
+        return self._refill(self._ctl, self._read_ahead, pids.pid)
 
     def _drop_cache(self) -> None:
         lens, i = self._cache_lens, self._cache_next

@@ -5,7 +5,8 @@ A spec is ``{name: (dtype, shape)}``. The payload is laid out field by field
 area (``meta["extra"]``)::
 
     field f:  byte  extra + offset_f,  a C-contiguous array [capacity, *shape_f]
-              (offset_f 64-byte aligned; offsets in field order, recorded in meta)
+              (offset_f 64-byte aligned; offsets in field order, recorded in meta:
+              ``shmpad.shm.arrays.field_entries``, mapped back by ``map_fields``)
 
 so that slots ``i..i+B`` of a field are one contiguous ``[B, *shape]`` array:
 ``get_batch`` returns such views without a copy whenever the slots it took are
@@ -18,52 +19,21 @@ writer fills the slot's arrays in place.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Mapping
 
 import numpy as np
 
+from shmpad._checks import deadline as _deadline
 from shmpad.errors import SegmentError, Timeout, WouldBlock
-from shmpad.ringbuf.args import check_timeout, nowait
-from shmpad.ringbuf.layout import round_up
+from shmpad.ringbuf.blocking import nowait
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing
-from shmpad.ringbuf.segment import CACHE_LINE, Segment
+from shmpad.ringbuf.ring import MAX_CAPACITY, ByteRing, RingStatistics
 from shmpad.ringbuf.spsc import SPSCRing
-from shmpad.ringbuf.statistics import RingStatistics
+from shmpad.shm.arrays import Spec, as_array, field_entries, fields_of, map_fields, to_torch
+from shmpad.shm.segment import Segment
 
 __all__ = ["TypedRing", "Spec"]
-
-Spec = Mapping[str, tuple[Any, tuple[int, ...]]]
-
-
-def _normalise(spec: Spec) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"spec must be a dict of name -> (dtype, shape), got {type(spec).__name__}")
-    if not spec:
-        raise ValueError("spec must name at least one field, got an empty dict")
-    fields = []
-    for name, entry in spec.items():
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"spec field names must be non-empty str, got {name!r}")
-        try:
-            dtype, shape = entry
-        except (TypeError, ValueError):
-            raise TypeError(f"spec[{name!r}] must be (dtype, shape), got {entry!r}") from None
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"spec[{name!r}] has an unknown dtype {dtype!r}") from None
-        if dtype.hasobject or dtype.itemsize == 0:
-            raise TypeError(f"spec[{name!r}] dtype must be a fixed-size numeric type, got {dtype}")
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if not all(isinstance(d, (int, np.integer)) for d in shape):
-            raise TypeError(f"spec[{name!r}] shape must be ints, got {shape!r}")
-        if not all(d >= 0 for d in shape):
-            raise ValueError(f"spec[{name!r}] shape must be non-negative ints, got {shape!r}")
-        fields.append((name, dtype, tuple(int(d) for d in shape)))
-    return fields
 
 
 class TypedRing:
@@ -80,17 +50,14 @@ class TypedRing:
         """A ring of ``capacity`` slots shaped by ``spec``. ``multi=True`` (the default, as
         for ``RingNode``) allows any number of producers and consumers (MPMC);
         ``multi=False`` is the faster ring for exactly one of each (SPSC)."""
-        fields = _normalise(spec)
+        fields = fields_of(spec)
         ring_cls = MPMCRing if multi else SPSCRing
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if not 1 <= capacity <= MAX_CAPACITY:
             raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
-        layout, offset = [], 0
-        for fname, dtype, shape in fields:
-            layout.append([fname, dtype.str, list(shape), offset])
-            offset = round_up(offset + int(capacity) * dtype.itemsize * math.prod(shape), CACHE_LINE)
-        seg = ring_cls._create_segment(int(capacity), 1, name, {"spec": layout}, max(offset, 1))
+        entries, end = field_entries(fields, int(capacity))
+        seg = ring_cls.create_segment(int(capacity), 1, name, {"spec": entries}, max(end, 1))
         return cls(ring_cls(seg))
 
     @classmethod
@@ -110,21 +77,15 @@ class TypedRing:
 
     def __init__(self, ring: ByteRing):
         self._ring = ring
-        seg = ring._seg
-        base = seg.data_offset + seg.meta["extra"]
+        seg = ring.segment
         self.capacity = ring.capacity
         self.multi = isinstance(ring, MPMCRing)
-        self.spec: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-        self._fields: dict[str, np.ndarray] = {}
-        for fname, dstr, shape, offset in seg.meta["spec"]:
-            dtype, shape = np.dtype(dstr), tuple(shape)
-            self.spec[fname] = (dtype, shape)
-            self._fields[fname] = np.ndarray((self.capacity, *shape), dtype, buffer=seg._mmap, offset=base + offset)
-        end = base + max(
-            off + self.capacity * np.dtype(d).itemsize * math.prod(sh) for _, d, sh, off in seg.meta["spec"]
+        self.spec: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+            fname: (np.dtype(dstr), tuple(shape)) for fname, dstr, shape, _ in seg.meta["spec"]
+        }
+        self._fields = map_fields(
+            seg.data, seg.meta["spec"], self.capacity, f"typed ring {seg.name!r}", seg.meta["extra"]
         )
-        if end > seg.size:
-            raise SegmentError(f"typed ring {seg.name!r} is damaged: fields end at byte {end}, segment has {seg.size}")
         self._readonly = {f: a.view() for f, a in self._fields.items()}
         for a in self._readonly.values():
             a.flags.writeable = False
@@ -159,7 +120,7 @@ class TypedRing:
         """The arrays of a free slot, to fill in place; ``commit()`` publishes them."""
         if self._reserved >= 0:
             raise RuntimeError("reserve() called again before commit() of the previous reservation")
-        slot = self._ring._claim_slot(0, timeout, "reserve")
+        slot = self._ring.claim_slot(0, timeout, "reserve")
         self._reserved = slot
         return {f: a[slot, ...] for f, a in self._fields.items()}
 
@@ -168,7 +129,7 @@ class TypedRing:
         if self._reserved < 0:
             raise RuntimeError("commit() without a reserve()")
         slot, self._reserved = self._reserved, -1
-        self._ring.kernels.commit(self._ring._ctl, slot, self.item_bytes)
+        self._ring.commit_slot(slot, self.item_bytes)
 
     def reserve_nowait(self) -> dict[str, np.ndarray]:
         """``reserve`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
@@ -183,11 +144,11 @@ class TypedRing:
         self._check_item(item)
         if self._reserved >= 0:
             raise RuntimeError("put() called between reserve() and commit()")
-        self._reserved = self._ring._claim_slot(0, timeout, "put")
+        self._reserved = self._ring.claim_slot(0, timeout, "put")
         slot = {f: a[self._reserved, ...] for f, a in self._fields.items()}
         try:
             for f, dst in slot.items():
-                np.copyto(dst, _as_array(item[f]), casting="same_kind")
+                np.copyto(dst, as_array(item[f]), casting="same_kind")
         except BaseException:
             # The slot is claimed: publish it rather than leak it; the check above
             # makes this unreachable for well-formed items.
@@ -203,7 +164,7 @@ class TypedRing:
         if missing or extra:
             raise ValueError(f"item fields must be {sorted(self.spec)}; missing {missing}, unknown {extra}")
         for f, (dtype, shape) in self.spec.items():
-            value = _as_array(item[f])
+            value = as_array(item[f])
             if value.shape != shape:
                 raise ValueError(f"field {f!r} has shape {value.shape}, expected {shape}")
             if not np.can_cast(value.dtype, dtype, casting="same_kind"):
@@ -216,14 +177,14 @@ class TypedRing:
         ``torch=True``, sharing the memory), valid until ``release()``."""
         if self._staged_n > self._staged_at:
             return self._unstage_one(torch)
-        slot = self._carried() if self._carry else self._ring._take_run(1, timeout, True, "get")[0]
+        slot = self._carried() if self._carry else self._ring.take_run(1, timeout, True, "get")[0]
         return self._views(slot, 1, torch, single=True)
 
     def get_nowait(self, torch: bool = False) -> dict[str, Any]:
         """``get`` that raises ``WouldBlock`` instead of waiting."""
         if self._staged_n > self._staged_at:
             return self._unstage_one(torch)
-        slot = self._carried() if self._carry else self._ring._take_run(1, None, False, "get")[0]
+        slot = self._carried() if self._carry else self._ring.take_run(1, None, False, "get")[0]
         return self._views(slot, 1, torch, single=True)
 
     def _unstage_one(self, torch: bool) -> dict[str, Any]:
@@ -231,7 +192,7 @@ class TypedRing:
         at = self._staged_at
         self._staged_at += 1
         out = {f: a[at, ...] for f, a in self._staged.items()}
-        return _to_torch(out) if torch else out
+        return to_torch(out) if torch else out
 
     def _stage(self, runs: list[tuple[int, int]], batch_size: int) -> None:
         """Copy the items of ``runs`` into private memory and free their slots now.
@@ -252,7 +213,7 @@ class TypedRing:
                 at += k
             fresh[f] = buf
         self._staged, self._staged_at, self._staged_n = fresh, 0, left + n
-        self._ring._release_runs(runs)
+        self._ring.release_runs(runs)
 
     def _carried(self) -> int:
         """The oldest item kept by a timed-out ``get_batch``, handed out now."""
@@ -282,7 +243,7 @@ class TypedRing:
             raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
         if not 1 <= batch_size <= self.capacity:
             raise ValueError(f"batch_size must be between 1 and the capacity {self.capacity}, got {batch_size}")
-        deadline = check_timeout(timeout)
+        deadline = _deadline(timeout)
         runs, self._carry = _split(self._carry, batch_size)
         staged = min(self._staged_n - self._staged_at, batch_size)
         got = staged + sum(k for _, k in runs)
@@ -291,13 +252,13 @@ class TypedRing:
             try:
                 if self.multi and runs:
                     try:
-                        slot, k = self._ring._take_run(batch_size - got, None, False, "get_batch")
+                        slot, k = self._ring.take_run(batch_size - got, None, False, "get_batch")
                     except WouldBlock:  # about to wait: let go of the slots taken so far
                         self._stage(runs, batch_size)
                         runs, staged = [], self._staged_n - self._staged_at
-                        slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
+                        slot, k = self._ring.take_run(batch_size - got, remaining, True, "get_batch")
                 else:
-                    slot, k = self._ring._take_run(batch_size - got, remaining, True, "get_batch")
+                    slot, k = self._ring.take_run(batch_size - got, remaining, True, "get_batch")
             except Timeout:
                 self._carry = runs
                 raise Timeout(
@@ -319,7 +280,7 @@ class TypedRing:
         """Free the slots of every item handed out by ``get``/``get_batch`` so far
         (items kept by a timed-out ``get_batch`` stay held)."""
         if self._carry:
-            self._ring._release_except(self._carry)
+            self._ring.release_all_but(self._carry)
         else:
             self._ring.release()
 
@@ -329,7 +290,7 @@ class TypedRing:
             out = {f: a[slot, ...] for f, a in fields.items()}
         else:
             out = {f: a[slot : slot + k] for f, a in fields.items()}
-        return _to_torch(out) if torch else out
+        return to_torch(out) if torch else out
 
     def _gather(self, runs: list[tuple[int, int]], batch_size: int, torch: bool, staged: int = 0) -> dict[str, Any]:
         """A copy of ``staged`` staged items, then the items of ``runs``, as one batch."""
@@ -345,7 +306,7 @@ class TypedRing:
                 buf[at : at + k] = a[slot : slot + k]
                 at += k
             out[f] = buf
-        return _to_torch(out) if torch else out
+        return to_torch(out) if torch else out
 
     # -- shared ----------------------------------------------------------------------
 
@@ -375,17 +336,3 @@ def _split(runs: list[tuple[int, int]], n: int) -> tuple[list[tuple[int, int]], 
         else:
             tail.append((slot, k))
     return head, tail
-
-
-def _as_array(value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if type(value).__module__.startswith("torch"):
-        return value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
-def _to_torch(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    import torch
-
-    return {f: torch.from_numpy(a) for f, a in arrays.items()}

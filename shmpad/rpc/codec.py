@@ -36,7 +36,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from shmpad.errors import FrameError, RemoteError
-from shmpad.ringbuf.segment import Segment
+from shmpad.shm.segment import Segment
 
 __all__ = [
     "RemoteTraceback",

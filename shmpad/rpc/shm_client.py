@@ -21,13 +21,13 @@ from typing import Any, Callable
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf.mpmc import MPMCRing
-from shmpad.ringbuf.ring import current_pid
 from shmpad.ringbuf.spsc import SPSCRing
 from shmpad.rpc import calls
 from shmpad.rpc.calls import FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
 from shmpad.rpc.codec import REPLY, drop, encode, unpack_reply
 from shmpad.rpc.future import PumpedFuture
 from shmpad.rpc.shm_server import SLOT_SIZE, SYNC_TAG
+from shmpad.shm.pids import current_pid
 
 __all__ = ["RpcClient"]
 

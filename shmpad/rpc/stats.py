@@ -37,9 +37,9 @@ import numpy as np
 from numba import njit
 
 from shmpad.errors import SegmentError
-from shmpad.ringbuf.args import fast_entry
-from shmpad.ringbuf.atomics import fence_acquire, fetch_add, load_acquire, load_relaxed
-from shmpad.ringbuf.segment import Segment
+from shmpad.shm.atomics import fence_acquire, fetch_add, load_acquire, load_relaxed
+from shmpad.shm.compiled import fast_entry
+from shmpad.shm.segment import Segment
 
 __all__ = ["CallStats", "stats_name"]
 

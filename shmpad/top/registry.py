@@ -49,8 +49,8 @@ from numba import njit
 
 from shmpad import context
 from shmpad.errors import SegmentError
-from shmpad.ringbuf.atomics import cas, fetch_add, load_acquire, store_release
-from shmpad.ringbuf.segment import PREFIX, SHM_DIR, Segment
+from shmpad.shm.atomics import cas, fetch_add, load_acquire, store_release
+from shmpad.shm.segment import PREFIX, SHM_DIR, Segment
 
 __all__ = ["Registry", "publish_counter", "counters", "running_programs", "TAG"]
 

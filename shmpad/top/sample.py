@@ -31,9 +31,10 @@ import time
 from typing import Any
 
 from shmpad.errors import SegmentError, describe_exit
-from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing, WeightStore
+from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing
 from shmpad.rpc.stats import CallStats
 from shmpad.top.registry import ENDED, STATES, Registry, running_programs
+from shmpad.weights import WeightStore
 
 __all__ = ["Sampler", "programs", "find_program", "proc_usage"]
 

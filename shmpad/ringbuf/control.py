@@ -1,4 +1,5 @@
-"""Word layout of the control block shared by the byte rings and typed rings.
+"""What a ring kind (``spsc.py``, ``mpmc.py``) and ``ring.ByteRing`` share: the words of
+the control block, the codes the kernels return, and the kernels a kind provides.
 
 The data area of a ring segment starts with these 64-byte lines (word = 8 bytes;
 indices below are word indices from the start of the data area)::
@@ -11,7 +12,7 @@ indices below are word indices from the start of the data area)::
                                READ (SPSC: read cursor), READER (SPSC: pid owning READ),
                                GETS, BYTES_GOT, WAITS_EMPTY, HEAD_SEEN (SPSC: the
                                consumer's cached copy of HEAD)
-    2     16-23   both         event NOT_EMPTY: seq, sleepers (see wait.py)
+    2     16-23   both         event NOT_EMPTY: seq, sleepers (see ``shmpad/shm/wait.py``)
     3     24-31   both         event NOT_FULL: seq, sleepers
     4     32-39   any          CLOSED, DEAD_CLAIMS
     5     40-47   creator      CAPACITY, SLOT_SIZE (bytes; 0 for typed rings), STRIDE (bytes
@@ -26,6 +27,8 @@ ring kind.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
 
 WORDS_PER_LINE = 8
 
@@ -66,5 +69,24 @@ IN_PROGRESS = -4
 RESERVATION_OPEN = -5
 
 
-def round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
+class Kernels(NamedTuple):
+    """The compiled operations a ring kind provides (see each kind's module). Kernels take
+    the control words (``ctl``, the data area as int64) and the pid of the calling
+    process, and return a result >= 0 or one of the codes above."""
+
+    put: Callable
+    put_rows: Callable
+    put_packed: Callable
+    reserve: Callable
+    commit: Callable
+    peek: Callable
+    peek_many: Callable
+    take_into: Callable
+    release: Callable
+    watch_write: Callable
+    watch_read: Callable
+
+    @classmethod
+    def of(cls, namespace: dict[str, Any]) -> Kernels:
+        """A kind's kernels: the functions ``_put``, ``_put_rows``... its module defines."""
+        return cls(**{field: namespace["_" + field] for field in cls._fields})

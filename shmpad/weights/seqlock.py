@@ -1,4 +1,4 @@
-"""The compiled side of the weight store (``weights.py``): the layout of its control lines and
+"""The compiled side of the weight store (``store.py``): the layout of its control lines and
 the kernels that read and write them, each a few atomic operations on the segment's words.
 
 Data area of a ``"weights"`` segment (byte offsets from the start of the page-aligned
@@ -10,8 +10,8 @@ data area; every control line is 64 bytes)::
     64         8     creator (release)    CLOSED: 1 once the creator closed the store
     72         8     readers (atomic add) PULLS: pulls by every handle that copied a version out
                                           (what ``python -m shmpad.top`` shows; one add per pull)
-    128        16    writer, waiters      event (seq, sleepers) for wait_for_version (wait.py)
-    192        16    readers, writer      event for a writer waiting for a pin to go (wait.py)
+    128        16    writer, waiters      event (seq, sleepers) for wait_for_version (shm/wait.py)
+    192        16    readers, writer      event for a writer waiting for a pin to go (shm/wait.py)
     256        24    writer, readers      buffer 0: STATE = SEQ << 20 | PINS (SEQ odd while
                                           being written; PINS: readers copying under a pin),
                                           HELD (the version it holds, written inside the SEQ
@@ -34,14 +34,14 @@ is taken only on an even SEQ, and never waits. A new writer may take over from a
 one: it skips past the odd SEQ the dead writer left.
 
 The retry and pin policy (how often a pull retries before it pins, how long a publish waits
-for pins) is ``WeightStore``'s, in ``weights.py``.
+for pins) is ``WeightStore``'s, in ``store.py``.
 """
 
 from __future__ import annotations
 
 from numba import njit
 
-from shmpad.ringbuf.atomics import (
+from shmpad.shm.atomics import (
     cas,
     cpu_pause,
     fence_acquire,
@@ -52,8 +52,8 @@ from shmpad.ringbuf.atomics import (
     store_relaxed,
     store_release,
 )
-from shmpad.ringbuf.segment import CACHE_LINE
-from shmpad.ringbuf.wait import finish_wait, notify, notify_always, prepare_wait, sleep
+from shmpad.shm.segment import CACHE_LINE
+from shmpad.shm.wait import finish_wait, notify, notify_always, prepare_wait, sleep
 
 # Byte offsets of the control lines in the data area.
 _LATEST = 0

@@ -27,9 +27,9 @@ from numba import njit
 from shmpad.replay import index
 from shmpad.replay.index import EV_CHANGED
 from shmpad.replay.lock import _release, _try
-from shmpad.ringbuf.atomics import fence_acquire, fence_release, load_relaxed
-from shmpad.ringbuf.memcopy import copy_bytes
-from shmpad.ringbuf.wait import notify
+from shmpad.shm.atomics import fence_acquire, fence_release, load_relaxed
+from shmpad.shm.memcopy import copy_bytes
+from shmpad.shm.wait import notify
 
 __all__ = ["BUSY", "TORN", "reserve_and_copy", "publish", "sample_and_gather", "redraw"]
 

@@ -45,9 +45,9 @@ import numpy as np
 import posix_ipc
 
 from shmpad.errors import SegmentError
-from shmpad.ringbuf import janitor
+from shmpad.shm import janitor
 
-__all__ = ["Segment", "PREFIX", "LAYOUT_VERSION", "CACHE_LINE"]
+__all__ = ["Segment", "PREFIX", "LAYOUT_VERSION", "CACHE_LINE", "PAGE", "round_up"]
 
 MAGIC = int.from_bytes(b"SHMPAD\x00\x01", "little")
 LAYOUT_VERSION = 2  # 2: the weight store keeps three buffers with pin counts
@@ -113,7 +113,8 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
+    """``n`` rounded up to a multiple of ``to``: where the next line or page begins."""
     return (n + to - 1) // to * to
 
 
@@ -193,8 +194,8 @@ class Segment:
         meta_raw = json.dumps(meta, sort_keys=True).encode()
         if len(meta_raw) > MAX_META_BYTES:
             raise ValueError(f"segment metadata holds at most {MAX_META_BYTES} bytes, got {len(meta_raw)}")
-        data_offset = _round_up(HEADER_BYTES + len(meta_raw), PAGE)
-        size = data_offset + _round_up(max(data_bytes, 1), PAGE)
+        data_offset = round_up(HEADER_BYTES + len(meta_raw), PAGE)
+        size = data_offset + round_up(max(data_bytes, 1), PAGE)
         pid = os.getpid()
         name = f"/{PREFIX}{pid}.{next(_counter)}.{secrets.token_hex(4)}" if name is None else _checked_name(name)
         room = _free_bytes()

@@ -12,10 +12,10 @@ copied; after ``_COPIES_BEFORE_PIN`` such copies were thrown away it pins the bu
 is done.
 
 The layout of the data area (control lines, then the three buffers), what each word holds and
-why a dead writer never hangs a reader are in ``weights_kernels.py``, beside the kernels that
+why a dead writer never hangs a reader are in ``seqlock.py``, beside the kernels that
 read and write those words.
 
-The metadata that places each tensor in a buffer is in ``weights_layout.py``, with the
+The metadata that places each tensor in a buffer is in ``tensors.py``, with the
 conversions of state dicts, arrays and tensors.
 
 Why a slow reader is never starved: a copy is thrown away only when the writer refilled
@@ -49,9 +49,9 @@ import numpy as np
 from shmpad._checks import check_int
 from shmpad._checks import deadline as _deadline
 from shmpad.errors import Closed, SegmentError, Timeout
-from shmpad.ringbuf.mpmc import pid_alive
-from shmpad.ringbuf.segment import PAGE, Segment
-from shmpad.ringbuf.weights_kernels import (
+from shmpad.shm.pids import pid_alive
+from shmpad.shm.segment import PAGE, Segment, round_up
+from shmpad.weights.seqlock import (
     _ALL_BUFFERS,
     _ALL_PINNED,
     _IS_CLOSED,
@@ -72,12 +72,11 @@ from shmpad.ringbuf.weights_kernels import (
     _wait_newer,
     _write_end,
 )
-from shmpad.ringbuf.weights_layout import (
+from shmpad.weights.tensors import (
     _as_mapping,
     _as_numpy,
-    _layout,
     _names_hint,
-    _round_up,
+    _placement,
     _template_tensors,
     _torch,
 )
@@ -139,7 +138,7 @@ class WeightStore:
             tensors = [(t["name"], np.dtype(t["dtype"]), tuple(t["shape"])) for t in entries]
             if len({name for name, _, _ in tensors}) != len(tensors) or any(d < 0 for _, _, sh in tensors for d in sh):
                 raise ValueError("duplicate names or negative dimensions")
-            expected = _layout(tensors)
+            expected = _placement(tensors)
         except (KeyError, TypeError, ValueError) as e:
             raise SegmentError(f"weight store {segment.name!r} has unreadable metadata: {e!r}") from None
         if expected != {"buffer_bytes": buffer_bytes, "tensors": entries}:
@@ -147,7 +146,7 @@ class WeightStore:
                 f"weight store {segment.name!r} is damaged: its metadata offsets do not match its tensors"
             )
         need = CONTROL_BYTES + BUFFERS * buffer_bytes
-        if segment.data.nbytes != _round_up(need, PAGE):
+        if segment.data.nbytes != round_up(need, PAGE):
             raise SegmentError(
                 f"weight store {segment.name!r} is damaged: its metadata needs {need} data bytes, "
                 f"the segment has {segment.data.nbytes}"
@@ -182,8 +181,8 @@ class WeightStore:
     def create(cls, template: Mapping[str, Any] | Any, name: str | None = None) -> "WeightStore":
         """A new store shaped like ``template`` (dict of arrays/tensors, or an nn.Module's
         state dict). Its values are not published; the store starts at version 0."""
-        layout = _layout(_template_tensors(_as_mapping(template, "WeightStore.create")))
-        segment = Segment.create(KIND, layout, CONTROL_BYTES + BUFFERS * layout["buffer_bytes"], name=name)
+        placement = _placement(_template_tensors(_as_mapping(template, "WeightStore.create")))
+        segment = Segment.create(KIND, placement, CONTROL_BYTES + BUFFERS * placement["buffer_bytes"], name=name)
         try:
             store = cls(segment)
         except BaseException:
@@ -204,7 +203,7 @@ class WeightStore:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Tensor names, in layout order."""
+        """Tensor names, in placement order."""
         return self._names
 
     @property
@@ -429,7 +428,7 @@ class WeightStore:
             raise TypeError(f"tensor {name!r} has dtype {dtype}, expected {self._dtypes[name]}")
 
     def _checked(self, state: Mapping[str, Any]) -> list[np.ndarray]:
-        """The sources of a publish as numpy arrays in layout order, validated."""
+        """The sources of a publish as numpy arrays in placement order, validated."""
         self._check_names(state)
         sources = []
         for name in self._names:
@@ -439,7 +438,7 @@ class WeightStore:
         return sources
 
     def _targets(self, dst: Mapping[str, Any] | Any) -> list[tuple[bool, Any]]:
-        """The destinations of a pull in layout order, validated, as (True, tensor) for
+        """The destinations of a pull in placement order, validated, as (True, tensor) for
         tensors off the CPU and (False, numpy array) for the rest: a CPU tensor is
         written through its numpy alias (one memcpy, no torch threads in forked actors)."""
         given = _as_mapping(dst, "pull")

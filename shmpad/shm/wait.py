@@ -27,7 +27,7 @@ import llvmlite.binding
 import numpy as np
 from numba import njit, types
 
-from shmpad.ringbuf.atomics import fence_seq_cst, fetch_add, load_acquire, load_relaxed, word_address
+from shmpad.shm.atomics import fence_seq_cst, fetch_add, load_acquire, load_relaxed, word_address
 
 __all__ = [
     "prepare_wait",

@@ -1,4 +1,4 @@
-"""The tensors of a weight store (``weights.py``): where each sits in a buffer, and the
+"""The tensors of a weight store (``store.py``): where each sits in a buffer, and the
 state dicts, arrays and tensors the store takes and gives, as numpy.
 
 Metadata (segment JSON): ``{"buffer_bytes": B, "tensors": [{"name", "dtype" (numpy
@@ -15,13 +15,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from shmpad.ringbuf.segment import CACHE_LINE
+from shmpad.shm.arrays import place
+from shmpad.shm.segment import CACHE_LINE
 
 _NUMERIC_KINDS = "biufc"
-
-
-def _round_up(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
 
 
 def _torch():
@@ -60,17 +57,17 @@ def _names_hint(names: tuple[str, ...]) -> str:
     return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
-def _layout(tensors: list[tuple[str, np.dtype, tuple[int, ...]]]) -> dict[str, Any]:
+def _placement(tensors: list[tuple[str, np.dtype, tuple[int, ...]]]) -> dict[str, Any]:
     """The metadata placing each (name, dtype, shape) in a buffer, 64-byte aligned."""
     if not tensors:
         raise ValueError("a weight store needs at least one tensor, got an empty template")
-    entries = []
-    offset = 0
-    for name, dtype, shape in tensors:
-        nbytes = dtype.itemsize * math.prod(shape)
-        entries.append({"name": name, "dtype": dtype.str, "shape": list(shape), "offset": offset, "nbytes": nbytes})
-        offset = _round_up(offset + nbytes, CACHE_LINE)
-    return {"buffer_bytes": max(offset, CACHE_LINE), "tensors": entries}
+    sizes = [(name, dtype.itemsize * math.prod(shape)) for name, dtype, shape in tensors]
+    offsets, end = place(sizes)
+    entries = [
+        {"name": name, "dtype": dtype.str, "shape": list(shape), "offset": offsets[name], "nbytes": nbytes}
+        for (name, dtype, shape), (_, nbytes) in zip(tensors, sizes)
+    ]
+    return {"buffer_bytes": max(end, CACHE_LINE), "tensors": entries}
 
 
 def _template_tensors(template: Mapping[str, Any]) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
