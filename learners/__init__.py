@@ -12,6 +12,7 @@ from learners.categorical import entropy
 
 # The loss
 from learners.loss import ImpalaLoss
+from learners.loss import appo_loss
 from learners.loss import baseline_loss
 from learners.loss import clip_rewards
 from learners.loss import entropy_loss
@@ -42,6 +43,7 @@ __all__ = [
     "VTraceFromLogitsReturns",
     "VTraceReturns",
     "action_log_probs",
+    "appo_loss",
     "baseline_loss",
     "clip_rewards",
     "entropy",
