@@ -77,6 +77,8 @@ class Args:
     """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
     use_lstm: bool = False
     """an LSTM core after the torso; each unroll carries the core state it started from"""
+    init: str = "torch"
+    """the network's initial weights: torch (each layer's default) or orthogonal (PPO's: gain sqrt(2), policy head 0.01, baseline head 1)"""
     last_action_reward: bool = False
     """feed the core/heads the previous action (one-hot) and the clipped reward, as torchbeast's and moolib's Atari nets do"""
     total_frames: int = 200_000
@@ -254,7 +256,12 @@ def env_config(args: Args) -> EnvConfig:
 def build_model(args: Args, obs_shape, num_actions: int):
     torch.manual_seed(args.seed)
     return make_model(
-        args.model, obs_shape, num_actions, use_lstm=args.use_lstm, last_action_reward=args.last_action_reward
+        args.model,
+        obs_shape,
+        num_actions,
+        use_lstm=args.use_lstm,
+        last_action_reward=args.last_action_reward,
+        init=args.init,
     )
 
 

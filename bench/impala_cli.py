@@ -28,7 +28,7 @@ __all__ = [
 
 HELP_GROUPS = {
     "environment": ["env", "full_action_space", "seed"],
-    "model": ["model", "use_lstm", "last_action_reward"],
+    "model": ["model", "init", "use_lstm", "last_action_reward"],
     "learning": [
         "total_frames",
         "unroll_length",
@@ -72,6 +72,7 @@ HELP_GROUPS = {
 }
 CHOICES = {
     "model": ("shallow", "deep", "mlp"),
+    "init": ("torch", "orthogonal"),
     "optimizer": ("adam", "rmsprop"),
     "algo": ("impala", "appo"),
     "reduction": ("mean", "sum"),

@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from learners._checks import describe
 
-__all__ = ["ActorCritic", "MLPTorso", "ModelOutput", "NatureTorso", "ResNetTorso", "make_model"]
+__all__ = ["ActorCritic", "MLPTorso", "ModelOutput", "NatureTorso", "ResNetTorso", "make_model", "orthogonal_init"]
 
 
 class ModelOutput(NamedTuple):
@@ -264,15 +264,34 @@ class ActorCritic(nn.Module):
         return torch.cat(outputs), core_state
 
 
+def orthogonal_init(model: ActorCritic) -> ActorCritic:
+    """PPO's initialisation (OpenAI baselines, CleanRL): every convolution and linear layer of the torso
+    orthogonal with gain sqrt(2) and zero bias, the policy head with gain 0.01 (a near-uniform first
+    policy), the baseline head with gain 1; an LSTM core keeps torch's. Returns ``model``."""
+    with torch.no_grad():
+        for module in model.torso.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                nn.init.orthogonal_(module.weight, gain=2**0.5)
+                nn.init.zeros_(module.bias)
+        for head, gain in ((model.policy, 0.01), (model.baseline, 1.0)):
+            nn.init.orthogonal_(head.weight, gain=gain)
+            nn.init.zeros_(head.bias)
+    return model
+
+
 def make_model(
     kind: Literal["shallow", "deep", "mlp"],
     obs_shape: Sequence[int],
     num_actions: int,
     use_lstm: bool = False,
     last_action_reward: bool = False,
+    init: Literal["torch", "orthogonal"] = "torch",
 ) -> ActorCritic:
     """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``);
-    ``use_lstm`` and ``last_action_reward`` as ``ActorCritic``'s."""
+    ``use_lstm`` and ``last_action_reward`` as ``ActorCritic``'s; ``init``: torch's default initialisation of
+    each layer, or ``orthogonal_init``'s."""
+    if init not in ("torch", "orthogonal"):
+        raise ValueError(f"init must be 'torch' or 'orthogonal', got {init!r}")
     if kind == "shallow":
         torso: nn.Module = NatureTorso(obs_shape)
     elif kind == "deep":
@@ -283,4 +302,5 @@ def make_model(
         torso = MLPTorso(obs_shape[0])
     else:
         raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {kind!r}")
-    return ActorCritic(torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward)
+    model = ActorCritic(torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward)
+    return orthogonal_init(model) if init == "orthogonal" else model

@@ -257,3 +257,21 @@ def test_a_model_with_last_action_and_reward_names_the_inputs_it_lacks():
         model(obs, None, (), action)
     with pytest.raises(ValueError, match=r"reward must be \[T, B\] = \(2, 3\), got shape \(3,\)"):
         model(obs, None, (), action, reward[0])
+
+
+@pytest.mark.parametrize("kind, obs", [("shallow", (4, 84, 84)), ("mlp", (4,))])
+def test_orthogonal_init_gives_orthogonal_layers_and_a_near_uniform_first_policy(kind, obs):
+    torch.manual_seed(0)
+    model = make_model(kind, obs, 6, init="orthogonal")
+    for module in model.torso.modules():
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            w = module.weight.flatten(1)  # [out, in]: rows (or columns, if fewer) orthonormal, times the gain
+            gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+            assert torch.allclose(gram, 2.0 * torch.eye(gram.shape[0]), atol=1e-4)
+            assert not module.bias.any()
+    assert torch.allclose(model.policy.weight @ model.policy.weight.T, 1e-4 * torch.eye(6), atol=1e-7)
+    x = torch.randint(0, 256, (1, 8, *obs), dtype=torch.uint8) if kind == "shallow" else torch.randn(1, 8, *obs)
+    probs = model(x).policy_logits.softmax(-1)
+    assert (probs - 1 / 6).abs().max() < 0.02  # near-uniform, unlike torch's default init
+    with pytest.raises(ValueError, match="init must be 'torch' or 'orthogonal', got 'xavier'"):
+        make_model(kind, obs, 6, init="xavier")
