@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from bench.impala_plan import make_plan
+from bench.impala.plan import make_plan
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from learners.transfer import HISTORY, BatchStager, WeightPublisher
@@ -211,7 +211,7 @@ def test_the_plan_fills_the_cores_and_keeps_what_was_given(kw, cores, expected):
 
 
 def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
-    from bench.impala_plan import cpu_has_bf16
+    from bench.impala.plan import cpu_has_bf16
 
     assert make_plan(_args(), cores=2, cpu_bf16=True).bf16
     assert not make_plan(_args(), cores=2, cpu_bf16=False).bf16  # emulated bf16 is slower than fp32
@@ -224,19 +224,19 @@ def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
 
 
 def test_actors_infer_in_bf16_where_the_plan_runs_the_learner_in_bf16_on_a_cpu():
-    from bench import impala
+    from bench.impala import train
 
-    assert impala.actor_bf16(_args(bf16="on")) and not impala.actor_bf16(_args(bf16="off"))
-    assert not impala.actor_bf16(_args(bf16="on", device="cuda"))  # not measured there
-    assert impala.actor_policy(_args(use_lstm=False, last_action_reward=False)) is impala.act
-    assert impala.actor_policy(_args(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
-    assert impala.actor_policy(_args(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
+    assert train.actor_bf16(_args(bf16="on")) and not train.actor_bf16(_args(bf16="off"))
+    assert not train.actor_bf16(_args(bf16="on", device="cuda"))  # not measured there
+    assert train.actor_policy(_args(use_lstm=False, last_action_reward=False)) is train.act
+    assert train.actor_policy(_args(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
+    assert train.actor_policy(_args(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
     model = make_model("shallow", (4, 84, 84), A).eval()
     obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     with torch.inference_mode():
-        fp32 = impala.act(model, obs)
+        fp32 = train.act(model, obs)
         with torch.autocast("cpu", dtype=torch.bfloat16):  # as BatchedInference(bf16=True) runs it
-            bf16 = impala.act(model, obs)
+            bf16 = train.act(model, obs)
     assert bf16.dtype == torch.float32 and bf16.shape == (5, A)
     torch.testing.assert_close(bf16, fp32, rtol=0, atol=0.05)  # bf16 features, fp32 heads
     assert not torch.equal(bf16, fp32)
@@ -248,7 +248,7 @@ def test_the_plan_refuses_a_bad_switch():
 
 
 def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
-    from bench.impala_plan import PIN_BY_DEFAULT, pinned_cpus
+    from bench.impala.plan import PIN_BY_DEFAULT, pinned_cpus
 
     assert make_plan(_args(pin="auto"), cores=2).pin == PIN_BY_DEFAULT
     assert not make_plan(_args(pin="auto"), cores=1).pin
@@ -267,7 +267,7 @@ def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
 
 def _usable_cores_in_a_child_on(cores: list[int]) -> int:
     """``usable_cores()`` as a child process reports it after narrowing its affinity to ``cores``."""
-    code = f"import os\nos.sched_setaffinity(0, {cores!r})\nfrom bench.impala_plan import usable_cores\nprint(usable_cores())"
+    code = f"import os\nos.sched_setaffinity(0, {cores!r})\nfrom bench.impala.plan import usable_cores\nprint(usable_cores())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return int(out.stdout)
