@@ -38,7 +38,9 @@ from time import perf_counter
 import numpy as np
 
 from bench.allreduce.change import measure_changes, print_changes
-from bench.allreduce.subjects import SETUP_S, SUBJECTS, Group, missing
+from bench.allreduce.contract import SETUP_S, Group
+from bench.allreduce.peers import Gloo
+from bench.allreduce.subjects import AccumulatedGloo, AccumulatedShmpad, Shmpad
 from bench.common.cli import parser_for
 from bench.common.harness import FORK, START_TIMEOUT_S, MeasurementFailed, child, end
 from bench.common.report import at_least, finish, fmt_ratio, verdict
@@ -99,6 +101,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[Args, list[int], list[int
     if args.changes < 0 or args.change_peers < 2:
         parser.error(f"--changes must be >= 0 and --change-peers >= 2, got {args.changes} and {args.change_peers}")
     return args, peers, sizes
+
+
+SUBJECTS: list[type[Group]] = [Gloo, Shmpad, AccumulatedGloo, AccumulatedShmpad]
+
+
+def missing(subject: type[Group]) -> str | None:
+    """Why ``subject`` cannot run here, or None."""
+    try:
+        if subject.name in ("gloo", "acc-gloo"):
+            import torch.distributed as dist
+
+            if not dist.is_available() or not dist.is_gloo_available():
+                return "this torch has no gloo backend"
+        else:
+            import shmpad.net.mesh  # noqa: F401
+    except Exception as e:
+        return f"does not import: {e!r}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,47 +1,16 @@
-"""The subjects ``python -m bench.allreduce`` measures side by side (``bench/allreduce/benchmark.py``
-runs them): shmpad's ring and gloo, and the gradient accumulator over each. Each is built
-in the parent from the plan (the benchmark's ``Args``) and used in every forked worker, as
-``Group`` says.
+"""shmpad's subjects in ``python -m bench.allreduce``: its ring allreduce (``Mesh().ring``), and its
+gradient accumulator over each backend it has (its ring and gloo). Each is a ``Group``
+(``bench/allreduce/contract.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from bench.allreduce.contract import SETUP_S, TOKEN, Group
 from bench.common.harness import MeasurementFailed
-from bench.common.subject import Subject
 
-TOKEN = "bench-allreduce"
-# Forming a group may take this long.
-SETUP_S = 60.0
-
-
-class Group(Subject):
-    """One allreduce implementation. In a worker: ``listen()`` returns what the others need
-    to reach this rank, ``join(everyone's)`` forms the group, ``allreduce(array)`` sums
-    in place, ``close()`` leaves."""
-
-    how: str
-    averages = False  # True: the result is the mean over the peers, not the sum
-
-    def __init__(self, plan: Any):  # the benchmark's Args; a subject reads its chunk_kib
-        super().__init__(plan)
-        self.rank = self.peers = 0
-
-    def listen(self, rank: int, peers: int) -> str:
-        self.rank, self.peers = rank, peers
-        return ""
-
-    def join(self, addresses: list[str]) -> None:
-        raise NotImplementedError
-
-    def resize(self, array: np.ndarray) -> None:
-        """Untimed, before the repetitions of each size, ``array`` being the one they use."""
-
-    def allreduce(self, array: np.ndarray) -> None:
-        raise NotImplementedError
+__all__ = ["AccumulatedGloo", "AccumulatedShmpad", "Shmpad"]
 
 
 class Shmpad(Group):
@@ -68,53 +37,6 @@ class Shmpad(Group):
     def close(self) -> None:
         if hasattr(self, "_mesh"):
             self._mesh.close()
-
-
-class Gloo(Group):
-    name = "gloo"
-    family = "peer"
-    how = "torch.distributed.all_reduce(tensor) (gloo backend, TCPStore) on torch.from_numpy(array)"
-
-    def listen(self, rank: int, peers: int) -> str:
-        import torch.distributed as dist
-
-        super().listen(rank, peers)
-        if rank == 0:  # the store's server runs in rank 0, on a free port
-            self._store = dist.TCPStore(
-                "127.0.0.1", 0, peers, is_master=True, timeout=_timedelta(SETUP_S), wait_for_workers=False
-            )
-            return str(self._store.port)
-        return ""
-
-    def join(self, addresses: list[str]) -> None:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        if self.rank != 0:
-            self._store = dist.TCPStore(
-                "127.0.0.1", int(addresses[0]), self.peers, is_master=False, timeout=_timedelta(SETUP_S)
-            )
-        dist.init_process_group(
-            "gloo", store=self._store, rank=self.rank, world_size=self.peers, timeout=_timedelta(SETUP_S)
-        )
-        self._tensors: dict[int, object] = {}
-
-    def allreduce(self, array: np.ndarray) -> None:
-        import torch
-        import torch.distributed as dist
-
-        key = array.ctypes.data
-        tensor = self._tensors.get(key)
-        if tensor is None:
-            tensor = self._tensors[key] = torch.from_numpy(array)
-        dist.all_reduce(tensor)
-
-    def close(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 class Accumulated(Group):
@@ -187,27 +109,3 @@ class AccumulatedGloo(Accumulated):
     name = "acc-gloo"
     backend = "gloo"
     how = "Accumulator(backend='gloo').reduce_gradients(): grad -> flat -> group buffer, gloo allreduce, commit on the ring, mean -> grad"
-
-
-def _timedelta(seconds: float):
-    import datetime
-
-    return datetime.timedelta(seconds=seconds)
-
-
-SUBJECTS: list[type[Group]] = [Gloo, Shmpad, AccumulatedGloo, AccumulatedShmpad]
-
-
-def missing(subject: type[Group]) -> str | None:
-    """Why ``subject`` cannot run here, or None."""
-    try:
-        if subject.name in ("gloo", "acc-gloo"):
-            import torch.distributed as dist
-
-            if not dist.is_available() or not dist.is_gloo_available():
-                return "this torch has no gloo backend"
-        else:
-            import shmpad.net.mesh  # noqa: F401
-    except Exception as e:
-        return f"does not import: {e!r}"
-    return None

@@ -22,119 +22,13 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 from bench.common.harness import FORK, child, end, nothing
 from bench.common.report import exit_status, fmt_rate, fmt_ratio, verdict
-from shmpad import replay
-from shmpad.ringbuf.segment import Segment
+from bench.replay.contract import BATCH, CAPACITY, KINDS, make_item
+from bench.replay.peers import CeilingSubject, TorchRLSubject
+from bench.replay.subjects import ShmpadSubject
 
-KINDS = {
-    "atari": {
-        "obs": (np.uint8, (4, 84, 84)),
-        "action": (np.int64, ()),
-        "reward": (np.float32, ()),
-        "done": (np.float32, ()),
-    },
-    "vec64": {"x": (np.float32, (64,))},
-}
-CAPACITY = {"atari": 4096, "vec64": 65536}
 INSERTERS = 4
-BATCH = 32
-
-
-def make_item(spec: dict) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {f: (rng.random(s) * 200).astype(d) for f, (d, s) in spec.items()}
-
-
-# -- subjects: make(kind, prioritized) -> (insert(item), sample(batch), close()) -------------
-
-
-class ShmpadSubject:
-    name = "shmpad"
-
-    def __init__(self, kind: str, prioritized: bool):
-        sampler = replay.Prioritized(0.6) if prioritized else replay.Uniform()
-        self.table = replay.Table("bench", KINDS[kind], CAPACITY[kind], sampler, replay.Fifo(), replay.MinSize(1))
-        self.table.insert(make_item(KINDS[kind]))  # compiles (or loads) the kernels before the fork
-        self.table.sample(BATCH)
-
-    def insert(self, item: dict) -> None:
-        self.table.insert(item, priority=1.5)
-
-    def sample(self) -> Any:
-        return self.table.sample(BATCH).data
-
-    def close(self) -> None:
-        self.table.close()
-
-
-class TorchRLSubject:
-    name = "torchrl"
-
-    def __init__(self, kind: str, prioritized: bool):
-        import torch
-        from tensordict import TensorDict
-        from torchrl.data import LazyMemmapStorage, ReplayBuffer
-
-        if prioritized:
-            from torchrl.data.replay_buffers.samplers import PrioritizedSampler
-
-            sampler = PrioritizedSampler(CAPACITY[kind], alpha=0.6, beta=0.4)  # needs torchrl's C++ extension
-        else:
-            from torchrl.data.replay_buffers.samplers import RandomSampler
-
-            sampler = RandomSampler()
-        torch.set_num_threads(1)
-        self.rb = ReplayBuffer(storage=LazyMemmapStorage(CAPACITY[kind]), sampler=sampler, shared=True)
-        item = make_item(KINDS[kind])
-        self.td = TensorDict({f: torch.from_numpy(np.asarray(a)) for f, a in item.items()}, batch_size=[])
-        self.rb.add(self.td)  # makes the memmap files before the fork, so that every process shares them
-
-    def insert(self, item: dict) -> None:
-        self.rb.add(self.td)
-
-    def sample(self) -> Any:
-        return self.rb.sample(BATCH)
-
-    def close(self) -> None:
-        pass
-
-
-class CeilingSubject:
-    """The same bytes copied into and gathered out of shared memory, with no index."""
-
-    name = "ceiling"
-
-    def __init__(self, kind: str, prioritized: bool):
-        spec = KINDS[kind]
-        self.cap = CAPACITY[kind]
-        self.seg = Segment.create(
-            "bench", {}, sum(self.cap * np.dtype(d).itemsize * int(np.prod(s)) for d, s in spec.values())
-        )
-        self.fields = {}
-        at = 0
-        for f, (d, s) in spec.items():
-            n = self.cap * int(np.prod(s))
-            self.fields[f] = np.frombuffer(self.seg.data, dtype=d, count=n, offset=at).reshape((self.cap, *s))
-            at += n * np.dtype(d).itemsize
-        self.i = 0
-        self.rng = np.random.default_rng()
-
-    def insert(self, item: dict) -> None:
-        slot = self.i % self.cap
-        self.i += 1
-        for f, a in item.items():
-            self.fields[f][slot] = a
-
-    def sample(self) -> Any:
-        idx = self.rng.integers(0, self.cap, BATCH)
-        return {f: np.take(a, idx, axis=0) for f, a in self.fields.items()}
-
-    def close(self) -> None:
-        self.seg.close()
-
 
 SUBJECTS = [ShmpadSubject, TorchRLSubject, CeilingSubject]
 
