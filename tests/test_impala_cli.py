@@ -5,6 +5,7 @@ overwritten, a resume that checks what it resumes, Ctrl+C that says where it sto
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -71,6 +72,22 @@ def test_peers_take_a_backend_and_env_urls(monkeypatch):
     assert train.parse_args(["--peers", "env://"]).backend == "shmpad"  # env:// is no HOST:PORT, and is accepted
     with pytest.raises(SystemExit):
         train.parse_args(["--peers", "127.0.0.1:5555", "--backend", "mpi"])
+
+
+def test_args_are_resolved_once_into_what_the_nodes_need(monkeypatch):
+    monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
+    args = train.parse_args(["--env", "CartPole-v1", "--peers", "127.0.0.1:5555", "--min-peers", "2"])
+    job = train.resolve(args)
+    assert (job.env.env_id, job.model, job.out) == ("CartPole-v1", "mlp", args.out)
+    assert (job.learner.batch_size, job.learner.learning_rate, job.learner.frames_per_step) == (16, 0.003, 1)
+    assert job.queue_slots == 4 * args.batch_size  # --queue-slots 0: 4 batches
+    assert (job.group.broker, job.group.min_size) == ("127.0.0.1:5555", 2)
+    assert train.resolve(train.parse_args([])).group is None
+    # config.json: every option in Args' order, the plan's choices in place of 0 and auto
+    config = train.run_config(args, job.plan)
+    assert list(config) == list(dataclasses.asdict(args))
+    assert (config["num_actors"], config["envs_per_worker"]) == (job.plan.num_actors, job.plan.envs_per_worker)
+    assert config["compile"] == ("on" if job.plan.compile else "off") and config["pin"] in ("on", "off")
 
 
 def test_the_default_out_is_a_new_folder_per_env_and_start():
@@ -215,8 +232,9 @@ def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
     from bench.impala.usage import summary
 
     args = train.parse_args(["--publish-seconds", "0.5"])
-    assert args.publish_seconds == 0.5 and "weights published every 0.5 s" in summary(args)
-    assert "weights published every 1 update(s)" in summary(train.parse_args([]))
+    assert args.publish_seconds == 0.5 and "weights published every 0.5 s" in summary(args, train.resolve(args).plan)
+    pong = train.parse_args([])
+    assert "weights published every 1 update(s)" in summary(pong, train.resolve(pong).plan)
     with pytest.raises(SystemExit):
         train.parse_args(["--publish-seconds", "-1"])
     assert "--publish-seconds must be >= 0, got -1.0" in capsys.readouterr().err

@@ -71,7 +71,7 @@ def test_rounds_below_one_is_refused_before_anything_runs(rounds):
 def test_run_refuses_rounds_that_are_not_a_positive_int():
     from bench.impala import throughput, train
 
-    args = train.parse_args(["--env", "CartPole-v1"], measuring=True)
+    args = train.parse_args(["--env", "CartPole-v1"], defaults=throughput.DEFAULTS)
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="rounds must be an int >= 1"):
             throughput.run(args, bad)

@@ -191,6 +191,15 @@ def _args(**kw):
     return types.SimpleNamespace(**{**base, **kw})
 
 
+def _job(**kw):
+    """What ``train.actor_bf16`` and ``train.actor_policy`` read of a ``train.Job``, with the plan of ``_args(**kw)``."""
+    args = _args(**kw)
+    plan = make_plan(args, cores=2, cpu_bf16=False)
+    return types.SimpleNamespace(
+        plan=plan, device=args.device, use_lstm=args.use_lstm, last_action_reward=args.last_action_reward
+    )
+
+
 @pytest.mark.parametrize(
     "kw, cores, expected",
     [
@@ -226,11 +235,11 @@ def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
 def test_actors_infer_in_bf16_where_the_plan_runs_the_learner_in_bf16_on_a_cpu():
     from bench.impala import train
 
-    assert train.actor_bf16(_args(bf16="on")) and not train.actor_bf16(_args(bf16="off"))
-    assert not train.actor_bf16(_args(bf16="on", device="cuda"))  # not measured there
-    assert train.actor_policy(_args(use_lstm=False, last_action_reward=False)) is train.act
-    assert train.actor_policy(_args(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
-    assert train.actor_policy(_args(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
+    assert train.actor_bf16(_job(bf16="on")) and not train.actor_bf16(_job(bf16="off"))
+    assert not train.actor_bf16(_job(bf16="on", device="cuda"))  # not measured there
+    assert train.actor_policy(_job(use_lstm=False, last_action_reward=False)) is train.act
+    assert train.actor_policy(_job(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
+    assert train.actor_policy(_job(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
     model = make_model("shallow", (4, 84, 84), A).eval()
     obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     with torch.inference_mode():
@@ -257,12 +266,13 @@ def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
     assert not make_plan(_args(pin="auto", device="cuda"), cores=16).pin
     assert not make_plan(_args(pin="off"), cores=2).pin and make_plan(_args(pin="on", device="cuda"), cores=16).pin
     cpus = sorted(os.sched_getaffinity(0))
-    assert pinned_cpus(_args(pin="off", learner_threads=1)) is None
+    assert pinned_cpus(make_plan(_args(pin="off", learner_threads=1), cores=2)) is None
     if len(cpus) < 2:
-        assert pinned_cpus(_args(pin="on", learner_threads=1)) is None  # nothing to split
+        assert pinned_cpus(make_plan(_args(pin="on", learner_threads=1), cores=2)) is None  # nothing to split
     else:
-        assert pinned_cpus(_args(pin="on", learner_threads=1)) == (cpus[:1], cpus[1:])
-        assert pinned_cpus(_args(pin="on", learner_threads=99)) == (cpus[:-1], cpus[-1:])  # the actors keep one
+        assert pinned_cpus(make_plan(_args(pin="on", learner_threads=1), cores=2)) == (cpus[:1], cpus[1:])
+        # the actors keep one
+        assert pinned_cpus(make_plan(_args(pin="on", learner_threads=99), cores=2)) == (cpus[:-1], cpus[-1:])
 
 
 def _usable_cores_in_a_child_on(cores: list[int]) -> int:

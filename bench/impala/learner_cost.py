@@ -12,10 +12,10 @@ runs ``LEARNER_SECONDS`` s in a process tree of its own (``bench.common.harness.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,11 +33,11 @@ LEARNER_SECONDS = 4.0
 WARMUP_UPDATES = 2
 
 
-def _prepared_unroll(args: Any, spec) -> dict[str, np.ndarray]:
+def _prepared_unroll(job: train.Job, spec) -> dict[str, np.ndarray]:
     """One plausible unroll of every trajectory field ([T+1, ...]), seeded."""
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(job.seed)
     out = {}
-    for name, (dtype, shape) in trajectory_spec(spec, args.unroll_length).items():
+    for name, (dtype, shape) in trajectory_spec(spec, job.unroll_length).items():
         dtype = np.dtype(dtype)
         if name == "action":
             a = rng.integers(0, spec.num_actions, shape)
@@ -62,14 +62,16 @@ def _updates_per_s(step: Callable[[], None]) -> tuple[float, float]:
     return n / elapsed, elapsed
 
 
-def _bare_loop(args: Any, spec) -> dict:
-    torch.set_num_threads(args.learner_threads)
-    ring = TypedRing.create(trajectory_spec(spec, args.unroll_length), args.batch_size)  # for its spec only
+def _bare_loop(job: train.Job, spec) -> dict:
+    torch.set_num_threads(job.plan.learner_threads)
+    ring = TypedRing.create(trajectory_spec(spec, job.unroll_length), job.learner.batch_size)  # for its spec only
     try:
-        model = train.build_model(args, spec.obs_shape, spec.num_actions)
-        learner = Learner(model, ring, train.learner_config(args, 1), None, args.device)
-        unroll = _prepared_unroll(args, spec)
-        batch = {k: torch.from_numpy(np.stack([v] * args.batch_size, axis=1)) for k, v in unroll.items()}  # [T+1, B]
+        model = train.build_model(job, spec.obs_shape, spec.num_actions)
+        learner = Learner(model, ring, dataclasses.replace(job.learner, frames_per_step=1), None, job.device)
+        unroll = _prepared_unroll(job, spec)
+        batch = {
+            k: torch.from_numpy(np.stack([v] * job.learner.batch_size, axis=1)) for k, v in unroll.items()
+        }  # [T+1, B]
         batch = {k: v.to(learner.device) for k, v in batch.items()}
         rate, _ = _updates_per_s(lambda: learner.update(batch))
         return {"updates_per_s": rate, "wait_share": 0.0}
@@ -77,15 +79,15 @@ def _bare_loop(args: Any, spec) -> dict:
         ring.close()
 
 
-def _ring_learner(args: Any, spec) -> dict:
-    torch.set_num_threads(args.learner_threads)
-    traj = trajectory_spec(spec, args.unroll_length)
-    ring = TypedRing.create(traj, args.queue_slots or 4 * args.batch_size, multi=True)
-    model = train.build_model(args, spec.obs_shape, spec.num_actions)
+def _ring_learner(job: train.Job, spec) -> dict:
+    torch.set_num_threads(job.plan.learner_threads)
+    traj = trajectory_spec(spec, job.unroll_length)
+    ring = TypedRing.create(traj, job.queue_slots, multi=True)
+    model = train.build_model(job, spec.obs_shape, spec.num_actions)
     weights = WeightStore.create(model)
-    producer = _fork_producer(ring.name, _prepared_unroll(args, spec))
+    producer = _fork_producer(ring.name, _prepared_unroll(job, spec))
     try:
-        learner = Learner(model, ring, train.learner_config(args, 1), weights, args.device)
+        learner = Learner(model, ring, dataclasses.replace(job.learner, frames_per_step=1), weights, job.device)
         rate, _ = _updates_per_s(lambda: learner.step(timeout=60.0))
         s = learner.statistics()
         return {"updates_per_s": rate, "wait_share": s.wait_seconds / max(s.wait_seconds + s.update_seconds, 1e-9)}

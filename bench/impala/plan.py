@@ -1,11 +1,12 @@
 """How bench.impala fills the machine: from the cores this process may run on (its
 affinity, not the machine's count) and the device, how many actors, env workers,
 environments per worker and learner threads to run, and whether the learner runs
-compiled and in bf16. Every option the user gave wins; the job prints the plan as one
-line before it starts.
+compiled and in bf16; and the defaults per env family (``FAMILY_DEFAULTS``), the only
+defaults besides ``Args``' own fields. Every option the user gave wins; the job prints the
+plan as one line before it starts.
 
 The rules, and the measurements behind them (this repository's 2-core CPU machine,
-torch 2.13; ``python -m bench.impala.learner_cost`` measures the learner's side):
+torch 2.13; ``bench.impala.learner_cost``, run by ``python -m bench.impala.throughput``, measures the learner's side):
 
 - CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 takes
   0.5-1.2 s; two env workers make 10K+ frames/s), yet it gets only half the cores as
@@ -56,7 +57,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Plan", "cpu_has_bf16", "make_plan", "pinned_cpus", "usable_cores"]
+from actors import EnvConfig
+
+__all__ = ["FAMILY_DEFAULTS", "Plan", "cpu_has_bf16", "env_family", "make_plan", "pinned_cpus", "usable_cores"]
 
 AUTO = "auto"
 PIN_BY_DEFAULT = True
@@ -67,6 +70,37 @@ MLP_MAX_ACTORS = 2
 of the time, so more actors would add policy lag (unrolls waiting for the ring), not frames"""
 MLP_ENVS_PER_WORKER = 32
 """an MLP's actors on a CPU: 32 environments per worker ran the CartPole job 1.19x and 1.33x as fast as 16 (two interleaved rounds)"""
+
+
+FAMILY_DEFAULTS = {
+    # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
+    "classic_control": dict(
+        model="mlp",
+        total_frames=750_000,
+        learning_rate=0.003,
+        discount=0.98,
+        entropy_cost=0.01,
+        batch_size=16,
+        # The MLP's update takes about 2 ms: publishing after every one cost the learner fed from the
+        # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of
+        # bench.impala.throughput's two learner subjects, bench.impala.learner_cost, run from a script
+        # not kept). Every 10 ms, 5 runs of tests/test_impala.py's CartPole job each way scored
+        # 491-500 against 482-500, with a policy lag of 1.8 updates against 0.9-1.4.
+        publish_seconds=0.01,
+    ),
+}
+"""Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
+given on the command line win."""
+
+
+def env_family(env_id: str) -> str:
+    """'atari', 'classic_control' (gymnasium's CartPole, Acrobot, MountainCar...) or 'other'."""
+    import gymnasium
+
+    config = EnvConfig(env_id)  # registers the Atari ids; an unknown id raises ValueError here
+    if config.is_atari:
+        return "atari"
+    return "classic_control" if "classic_control" in str(gymnasium.spec(env_id).entry_point) else "other"
 
 
 def usable_cores() -> int:
@@ -132,13 +166,13 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
 
 
-def pinned_cpus(args: Any) -> tuple[list[int], list[int]] | None:
-    """(the learner's CPUs, the actors') under ``--pin on``: the first ``learner_threads``
-    of this process's CPUs, at least one and leaving one; None when off or on one core."""
+def pinned_cpus(plan: Plan) -> tuple[list[int], list[int]] | None:
+    """(the learner's CPUs, the actors') where ``plan`` pins: the first ``learner_threads``
+    of this process's CPUs, at least one and leaving one; None when it does not or on one core."""
     cpus = sorted(os.sched_getaffinity(0))
-    if getattr(args, "pin", "off") != "on" or len(cpus) < 2:
+    if not plan.pin or len(cpus) < 2:
         return None
-    n = min(max(1, args.learner_threads), len(cpus) - 1)
+    n = min(max(1, plan.learner_threads), len(cpus) - 1)
     return cpus[:n], cpus[n:]
 
 

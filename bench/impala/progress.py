@@ -5,10 +5,8 @@ the run, in words), the CSV log's columns and rows, and the learning curve.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
-import time
 from typing import Any
 
 import shmpad as lp
@@ -26,7 +24,6 @@ __all__ = [
     "progress",
     "progress_line",
     "score_range",
-    "send_actor_stats",
 ]
 
 CSV_COLUMNS = [
@@ -74,15 +71,6 @@ def actor_counters(pool: Any, inference: Any) -> dict[str, float]:
         "inf_s": s.inference_seconds,
         "rollout_s": s.rollout_seconds,
     }
-
-
-def send_actor_stats(stats: Any, counters: dict[str, float]) -> None:
-    """One JSON message of an actor's counters into the ``stats`` ring (dropped if nobody reads)."""
-    message = {"pid": os.getpid(), "t": time.monotonic(), **counters}
-    try:
-        stats.put_nowait(json.dumps(message).encode())
-    except lp.WouldBlock:
-        pass
 
 
 def actor_totals() -> dict[str, dict[str, float]]:

@@ -19,15 +19,15 @@ per-round ratios. Only ratios within one run count.
 2. Whole pipeline. bench.impala's own ``build_program`` launched (``test_mp``) for
    ``--total-frames`` frames with a temporary ``--out``, next to bench.envpool's ``ceiling``
    subject (raw stepping with the same preprocessing, one process per env worker, the
-   same number of environments) counted for as long as the pipeline's window. The
-   program is built with ``actor_stats``: every actor sends its statistics and its
-   pool's (``PoolStatistics``) to the launcher through a small byte ring; the
-   learner's come from its ``log.csv``. Everything is
+   same number of environments) counted for as long as the pipeline's window. Every
+   actor of the program runs ``watched_actor``: ``train.run_actor``, whose statistics
+   and its pool's (``PoolStatistics``) also go to the launcher through a small byte
+   ring; the learner's come from its ``log.csv``. Everything is
    counted over the second half of each run (the first half starts processes and
    fills the trajectory ring). Target: env workers >= 80% busy (env seconds /
    (env + wait seconds)) when the learner is not the bottleneck.
 
-Left at bench.impala's default, ``--total-frames`` becomes ``QUICK_FRAMES`` here: Pong
+Not given, ``--total-frames`` is ``QUICK_FRAMES`` here (``DEFAULTS``): Pong
 with the Nature CNN is the job the benchmark exists for, and 40K frames is enough for
 a steady second half at this machine's few thousand frames/s. The ceiling is
 bench.envpool's Atari subject: for other environments it is reported as n/a.
@@ -50,7 +50,6 @@ import time
 from typing import Any
 
 import shmpad as lp
-from actors import frames_per_step
 from bench.common.harness import in_own_tree
 from bench.impala import train, usage
 from bench.impala.learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS
@@ -60,24 +59,28 @@ __all__ = ["run", "main"]
 
 ROUNDS = 3
 QUICK_FRAMES = 40_000
+DEFAULTS = {"total_frames": QUICK_FRAMES}
+"""this benchmark's own defaults, where bench.impala's would train: a short run (before the env family's)"""
 LEARNER_TARGET = 0.90
 BUSY_TARGET = 0.80
 LEARNER_BOUND_WAIT = 0.10
 """a learner that waited for data less than this share of its time is the bottleneck"""
 
 
-def run(args: Any, rounds: int = ROUNDS) -> dict:
-    """Measure in ``rounds`` interleaved rounds, print the report, and return it as a dict
-    (also printed as the last line)."""
+def run(args: train.Args, rounds: int = ROUNDS) -> dict:
+    """Measure ``args`` (as ``train.parse_args(..., defaults=DEFAULTS)`` gives them) in
+    ``rounds`` interleaved rounds, print the report, and return it as a dict (also printed
+    as the last line)."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
-    args = _with_quick_defaults(args)
+    job = train.resolve(args)
+    plan = job.plan
     janitor.start()
-    spec = train.env_config(args).spec()  # compiles the preprocessing before any fork
+    spec = job.env.spec()  # compiles the preprocessing before any fork
     print(
         f"# bench.impala.throughput {time.strftime('%Y-%m-%d %H:%M')} {platform.node()} cpus={os.cpu_count()} "
-        f"env={args.env} model={args.model} T={args.unroll_length} B={args.batch_size} actors={args.num_actors} "
-        f"workers={args.num_workers}x{args.envs_per_worker} envs learner_threads={args.learner_threads} "
+        f"env={args.env} model={args.model} T={args.unroll_length} B={args.batch_size} actors={plan.num_actors} "
+        f"workers={plan.num_workers}x{plan.envs_per_worker} envs learner_threads={plan.learner_threads} "
         f"frames={args.total_frames:,} rounds={rounds}",
         flush=True,
     )
@@ -85,7 +88,7 @@ def run(args: Any, rounds: int = ROUNDS) -> dict:
     for r in range(rounds):
         order = ("bare", "ring") if r % 2 == 0 else ("ring", "bare")
         got = {
-            name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](args, spec), LEARNER_SECONDS + 300)
+            name: in_own_tree(lambda name=name: LEARNER_SUBJECTS[name](job, spec), LEARNER_SECONDS + 300)
             for name in order
         }
         bare.append(got["bare"])
@@ -107,11 +110,11 @@ def run(args: Any, rounds: int = ROUNDS) -> dict:
     pipelines, ceilings, ratios = [], [], []
     for r in range(rounds):
         if r % 2 == 0:
-            p = _pipeline(args)
-            c = _ceiling(args, p["seconds"])
+            p = _pipeline(job)
+            c = _ceiling(job, p["seconds"])
         else:
-            c = _ceiling(args, pipelines[-1]["seconds"])
-            p = _pipeline(args)
+            c = _ceiling(job, pipelines[-1]["seconds"])
+            p = _pipeline(job)
         pipelines.append(p)
         ceilings.append(c)
         if c is not None and c > 0:
@@ -129,16 +132,9 @@ def run(args: Any, rounds: int = ROUNDS) -> dict:
     pipeline["bottleneck"] = "learner" if pipeline["learner_wait_share"] < LEARNER_BOUND_WAIT else "actors"
     report = {"env": args.env, "model": args.model, "rounds": rounds, "learner": learner, "pipeline": pipeline}
     report["targets"] = _targets(learner, pipeline)
-    _print(args, report)
+    _print(job, report)
     print("report: " + json.dumps(report), flush=True)
     return report
-
-
-def _with_quick_defaults(args: Any) -> Any:
-    default = {f.name: f.default for f in dataclasses.fields(args)}
-    if args.total_frames == default["total_frames"]:
-        args = dataclasses.replace(args, total_frames=QUICK_FRAMES)
-    return args
 
 
 def _median(rows: list[dict], key: str) -> float:
@@ -148,7 +144,27 @@ def _median(rows: list[dict], key: str) -> float:
 # -- 2. the whole pipeline: bench.impala's program next to the actor ceiling ----------------
 
 
-def _pipeline(args: Any) -> dict:
+def send_actor_stats(stats: Any, counters: dict[str, float]) -> None:
+    """One JSON message of an actor's counters into the ``stats`` ring (dropped if nobody reads)."""
+    message = {"pid": os.getpid(), "t": time.monotonic(), **counters}
+    try:
+        stats.put_nowait(json.dumps(message).encode())
+    except lp.WouldBlock:
+        pass
+
+
+def watched_actor(job: train.Job, index: int, trajectories, weights, stats) -> None:
+    """``train.run_actor``, each of whose reports also goes into the ``stats`` ring, stamped
+    with its process and time."""
+
+    def report(counters: dict[str, float]) -> None:
+        train.publish_counters(counters)
+        send_actor_stats(stats, counters)
+
+    train.run_actor(job, index, trajectories, weights, report)
+
+
+def _pipeline(job: train.Job) -> dict:
     messages: list[dict] = []
 
     def drain(results) -> None:
@@ -162,10 +178,12 @@ def _pipeline(args: Any) -> dict:
         tempfile.TemporaryDirectory(prefix="impala-throughput-") as out,
         _quiet(os.path.join(out, "program.log")) as log_path,
     ):
-        run_args = dataclasses.replace(args, out=out, log_interval=1.0, launch_type="test_mp", resume=False)
+        run_job = dataclasses.replace(job, out=out, log_interval=1.0, resume=False)
         try:
-            program, stats = train.build_program(run_args, actor_stats=True)
-            manager = lp.launch(program, launch_type="test_mp", local_resources=train.local_resources(args))
+            program = lp.Program("impala")
+            stats = program.add_node(lp.RingNode(256, slot_size=1024), "actor_stats")
+            train.build_program(run_job, actor=watched_actor, actor_args=(stats,), program=program)
+            manager = lp.launch(program, launch_type="test_mp", local_resources=train.local_resources(job.plan))
             results = stats.dereference()  # the program's actors send their statistics here
             while not manager.wait_for_stop(0.2):
                 drain(results)
@@ -261,15 +279,19 @@ def _summarise(messages: list[dict], rows: list[dict]) -> dict:
     }
 
 
-def _ceiling(args: Any, seconds: float) -> float | None:
+def _ceiling(job: train.Job, seconds: float) -> float | None:
     """bench.envpool's ceiling for the program's env workers and environments, or None off Atari."""
     from bench.envpool import benchmark as bench_actors
 
-    if not train.env_config(args).is_atari:
+    if not job.env.is_atari:
         return None
-    cores = args.num_actors * args.num_workers
+    cores = job.plan.num_actors * job.plan.num_workers
     ceiling_args = bench_actors.Args(
-        env=args.env, cores=cores, num_envs=cores * args.envs_per_worker, seconds=max(seconds, 1.0), warmup=1.0
+        env=job.env.env_id,
+        cores=cores,
+        num_envs=cores * job.plan.envs_per_worker,
+        seconds=max(seconds, 1.0),
+        warmup=1.0,
     )
     rate, why = bench_actors.measure("ceiling", ceiling_args)
     if rate is None:
@@ -289,9 +311,9 @@ def _targets(learner: dict, pipeline: dict) -> dict:
     return out
 
 
-def _print(args: Any, report: dict) -> None:
+def _print(job: train.Job, report: dict) -> None:
     lr, p, t = report["learner"], report["pipeline"], report["targets"]
-    frames_per_update = args.batch_size * args.unroll_length * frames_per_step(train.env_config(args))
+    frames_per_update = job.learner.batch_size * job.unroll_length * job.learner.frames_per_step
     ceiling = (
         "n/a (bench.envpool's ceiling is Atari only)"
         if p["ceiling_frames_per_s"] is None
@@ -299,24 +321,24 @@ def _print(args: Any, report: dict) -> None:
     )
     ratio = "n/a" if p["ratio_to_ceiling"] is None else f"{p['ratio_to_ceiling']:.2f}"
     print(
-        f"\n1. Learner framework cost (medians of {report['rounds']} rounds of {LEARNER_SECONDS:g} s, {args.learner_threads} torch threads)"
+        f"\n1. Learner framework cost (medians of {report['rounds']} rounds of {LEARNER_SECONDS:g} s, {job.plan.learner_threads} torch threads)"
     )
     print(
         f"   bare torch loop on a ready batch      {lr['bare_updates_per_s']:8.2f} updates/s  ({1e3 / lr['bare_updates_per_s']:.1f} ms/update)"
     )
     print(
         f"   Learner.step() from a TypedRing       {lr['ring_updates_per_s']:8.2f} updates/s  "
-        f"({1e3 / lr['ring_updates_per_s']:.1f} ms/update, waiting {lr['ring_wait_share']:.1%}; {usage.publishing(args)} to a WeightStore)"
+        f"({1e3 / lr['ring_updates_per_s']:.1f} ms/update, waiting {lr['ring_wait_share']:.1%}; {usage.publishing(job.learner)} to a WeightStore)"
     )
     print(f"   ratio                                 {lr['ratio']:8.3f}")
     print(
-        f"\n2. Whole pipeline (bench.impala's program, {args.total_frames:,} frames a run; second half of each run counted)"
+        f"\n2. Whole pipeline (bench.impala's program, {job.total_frames:,} frames a run; second half of each run counted)"
     )
     print(
         f"   pipeline                {p['frames_per_s']:>10,.0f} env frames/s   (learner consumed {p['learner_frames_per_s']:,.0f} frames/s)"
     )
     print(
-        f"   actor ceiling           {ceiling}   ({args.num_actors * args.num_workers} processes, same environments, {p['seconds']:.1f} s)"
+        f"   actor ceiling           {ceiling}   ({job.plan.num_actors * job.plan.num_workers} processes, same environments, {p['seconds']:.1f} s)"
     )
     print(f"   ratio                   {ratio}")
     print("   where the time goes:")
@@ -362,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(rest):
         print(f"bench.impala.throughput's own option: --rounds N  interleaved rounds of each measurement [{ROUNDS}]\n")
-    args = train.parse_args(rest, prog="python -m bench.impala.throughput", measuring=True)
+    args = train.parse_args(rest, prog="python -m bench.impala.throughput", defaults=DEFAULTS)
     if mine.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {mine.rounds}")
     if args.use_lstm:

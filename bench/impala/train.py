@@ -15,6 +15,11 @@ The program, in shmpad's Launchpad API:
     learner                       get_batch(B) -> [T+1, B] zero-copy tensors, V-trace,
                                   one optimiser step, publish; logs, CSV, PNG, checkpoints
 
+Read top to bottom: ``Args``, the options (one field each); ``parse_args``, the command
+line with the env family's defaults; ``resolve``, the options turned once into the ``Job``
+every node gets (the env config, the learner config, the plan for this machine, the run
+folder); the actor node; the learner node; the program; ``main``.
+
 Every ``--log-interval`` seconds the learner prints one line: frames, frames/s, learner
 steps/s, the mean true return of the last 100 episodes, how full the trajectory ring is
 and the share of time the learner waited for data. ``--out`` (default: a new
@@ -31,6 +36,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +45,7 @@ import shmpad as lp
 from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
 from bench.common.cli import explicit_options, parser_for
 from bench.impala import rundir
-from bench.impala.plan import make_plan, pinned_cpus
+from bench.impala.plan import FAMILY_DEFAULTS, Plan, env_family, make_plan, pinned_cpus
 from bench.impala.progress import (
     CSV_COLUMNS,
     EPISODE_COLUMNS,
@@ -50,10 +56,9 @@ from bench.impala.progress import (
     plot,
     progress,
     progress_line,
-    send_actor_stats,
 )
 from bench.impala.tensorboard import TensorBoardLog
-from bench.impala.usage import CHOICES, EXAMPLES, FAMILY_DEFAULTS, HELP_GROUPS, advice, env_family, summary
+from bench.impala.usage import CHOICES, EXAMPLES, HELP_GROUPS, advice, summary
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
@@ -150,8 +155,11 @@ class Args:
     """--peers: what moves the gradients: shmpad (its TCP ring), gloo or nccl (a torch.distributed process group per member list), auto (nccl on CUDA, else the ring below 4 learners and gloo from 4)"""
 
 
-def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", measuring: bool = False) -> Args:
-    """The job's settings; ``measuring`` (bench.impala.throughput) leaves --total-frames to the benchmark's own short run."""
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
+    """The job's settings as the command line gives them, the env family's defaults
+    (``bench/impala/plan.py``) filling in what it leaves out, checked. ``defaults``: a
+    benchmark's own values for options the command line leaves out, before the family's
+    (``bench.impala.throughput``'s short run)."""
     parser = parser_for(Args, prog, __doc__.split("\n\n")[0], HELP_GROUPS, CHOICES, EXAMPLES)
     args = Args(**vars(parser.parse_args(argv)))
     try:
@@ -159,8 +167,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     except ValueError as e:
         raise UsageError(f"--env: {e}") from None
     given = explicit_options(parser, argv)
-    if measuring:
-        given.add("total_frames")
+    mine = {k: v for k, v in (defaults or {}).items() if k not in given}
+    args = dataclasses.replace(args, **mine)
+    given |= set(mine)
     args = dataclasses.replace(args, **{k: v for k, v in FAMILY_DEFAULTS.get(family, {}).items() if k not in given})
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
@@ -169,17 +178,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     ).items():
         if not getattr(args, name) >= n:
             parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
-    plan = make_plan(args)
-    args = dataclasses.replace(
-        args,
-        num_actors=plan.num_actors,
-        num_workers=plan.num_workers,
-        envs_per_worker=plan.envs_per_worker,
-        learner_threads=plan.learner_threads,
-        compile="on" if plan.compile else "off",
-        bf16="on" if plan.bf16 else "off",
-        pin="on" if plan.pin else "off",
-    )
     if args.min_peers < 1:
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
     if args.peers:
@@ -201,28 +199,79 @@ class UsageError(Exception):
     """A mistake found before launch; main prints its one-line message and exits with status 2."""
 
 
-def env_config(args: Args) -> EnvConfig:
-    return EnvConfig(
+# -- Args resolved once: what the nodes need ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerGroup:
+    """--peers: the broker group this host's learner trains with."""
+
+    broker: str
+    """--peers: HOST:PORT of the broker, or env://"""
+    name: str
+    """--group"""
+    host: str
+    """--peer-host: where this learner listens for the others"""
+    token_file: str
+    """--token-file ("": $SHMPAD_TOKEN)"""
+    virtual_batch_size: int
+    """--virtual-batch-size"""
+    min_size: int
+    """--min-peers"""
+    backend: str
+    """--backend: what moves the gradients"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """``Args`` resolved once (``resolve``), before launch: the values the nodes need,
+    pickled into every node and never changed there."""
+
+    env: EnvConfig
+    """the environment every actor steps"""
+    learner: LearnerConfig
+    """the loss, the optimiser, the learning-rate schedule and how often weights are published"""
+    plan: Plan
+    """actors x env workers x environments, learner threads, compiled, bf16, pinned"""
+    out: str
+    """the run folder: config.json, log.csv, episodes.csv, curve.png, checkpoint.pt"""
+    model: str
+    """the network: shallow, deep or mlp"""
+    use_lstm: bool
+    """an LSTM core after the torso"""
+    last_action_reward: bool
+    """the core and heads also see the previous action and the clipped reward"""
+    seed: int
+    """seeds every environment and the networks"""
+    device: str
+    """where inference and the learner run"""
+    unroll_length: int
+    """T: steps per unroll"""
+    queue_slots: int
+    """trajectory ring slots (--queue-slots, or 4 batches)"""
+    total_frames: int
+    """the learner stops after this many environment frames"""
+    log_interval: float
+    """seconds between progress lines"""
+    checkpoint_minutes: float
+    """minutes between checkpoints"""
+    resume: bool
+    """continue the run in ``out`` from its checkpoint"""
+    tensorboard: bool
+    """also write TensorBoard scalars into ``out``/tensorboard"""
+    group: PeerGroup | None
+    """the group this learner averages gradients with; None without --peers"""
+
+
+def resolve(args: Args, plan: Plan | None = None) -> Job:
+    """What the nodes need from ``args``; ``plan`` defaults to ``make_plan(args)`` for this machine."""
+    plan = make_plan(args) if plan is None else plan
+    env = EnvConfig(
         args.env,
         full_action_space=args.full_action_space,
         reward_clip=None,  # the learner clips; episode returns stay true either way
     )
-
-
-def build_model(args: Args, obs_shape, num_actions: int):
-    torch.manual_seed(args.seed)
-    return make_model(
-        args.model, obs_shape, num_actions, use_lstm=args.use_lstm, last_action_reward=args.last_action_reward
-    )
-
-
-def core_state_shapes(model) -> list[tuple[int, ...]]:
-    """One environment's shape of each core state tensor: [layers, hidden] for an LSTM, none without."""
-    return [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]  # from [layers, 1, hidden]
-
-
-def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
-    return LearnerConfig(
+    learner = LearnerConfig(
         batch_size=args.batch_size,
         discount=args.discount,
         reward_clip=args.reward_clip or None,
@@ -233,62 +282,129 @@ def learner_config(args: Args, frames_per_step: int) -> LearnerConfig:
         learning_rate=args.learning_rate,
         reduction=args.reduction,
         total_frames=args.lr_decay_frames or args.total_frames,
-        frames_per_step=frames_per_step,
+        frames_per_step=frames_per_step(env),
         publish_every=args.publish_every,
         publish_seconds=args.publish_seconds,
-        compile=args.compile == "on",
-        bf16=args.bf16 == "on",
+        compile=plan.compile,
+        bf16=plan.bf16,
     )
+    group = None
+    if args.peers:
+        group = PeerGroup(
+            args.peers,
+            args.group,
+            args.peer_host,
+            args.token_file,
+            args.virtual_batch_size,
+            args.min_peers,
+            args.backend,
+        )
+    return Job(
+        env=env,
+        learner=learner,
+        plan=plan,
+        out=args.out,
+        model=args.model,
+        use_lstm=args.use_lstm,
+        last_action_reward=args.last_action_reward,
+        seed=args.seed,
+        device=args.device,
+        unroll_length=args.unroll_length,
+        queue_slots=args.queue_slots or 4 * args.batch_size,
+        total_frames=args.total_frames,
+        log_interval=args.log_interval,
+        checkpoint_minutes=args.checkpoint_minutes,
+        resume=args.resume,
+        tensorboard=args.tensorboard,
+        group=group,
+    )
+
+
+def run_config(args: Args, plan: Plan) -> dict:
+    """config.json: every option, with the plan's choices in place of 0 and auto."""
+    return {
+        **dataclasses.asdict(args),
+        "num_actors": plan.num_actors,
+        "num_workers": plan.num_workers,
+        "envs_per_worker": plan.envs_per_worker,
+        "learner_threads": plan.learner_threads,
+        "compile": "on" if plan.compile else "off",
+        "bf16": "on" if plan.bf16 else "off",
+        "pin": "on" if plan.pin else "off",
+    }
+
+
+def build_model(job: Job, obs_shape, num_actions: int):
+    torch.manual_seed(job.seed)
+    return make_model(
+        job.model, obs_shape, num_actions, use_lstm=job.use_lstm, last_action_reward=job.last_action_reward
+    )
+
+
+def core_state_shapes(model) -> list[tuple[int, ...]]:
+    """One environment's shape of each core state tensor: [layers, hidden] for an LSTM, none without."""
+    return [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]  # from [layers, 1, hidden]
 
 
 def act(model, obs):
     return model(obs[None]).policy_logits[0]  # [B, A]
 
 
-def actor_policy(args: Args):
+def actor_policy(job: Job):
     """How an actor runs its network: ``act``; None (``actors.BatchedInference`` steps it with its
     core state, last action and reward) for an LSTM or ``--last-action-reward``."""
-    return None if args.use_lstm or args.last_action_reward else act
+    return None if job.use_lstm or job.last_action_reward else act
 
 
-def actor_bf16(args: Args) -> bool:
+def actor_bf16(job: Job) -> bool:
     """Whether the actors infer under bf16 autocast: where the plan runs the learner in bf16
     on the CPU (inference took 4.2-4.3 ms per batch of 16 Pong frames instead of 7.0-8.5,
     docs/results/cpu-bf16; the heads stay fp32, see ``learners.models``). Not on a GPU,
     where it was not measured."""
-    return args.bf16 == "on" and args.device == "cpu"
+    return job.plan.bf16 and job.device == "cpu"
 
 
 # -- the actor node ----------------------------------------------------------------------
 
 
 ACTOR_STATS_S = 0.5
-"""how often an actor sends its statistics when the program has a stats ring"""
+"""how often an actor reports its counters"""
 
 
-def use_cudnn_autotuner(args: Args) -> None:
+def use_cudnn_autotuner(job: Job) -> None:
     """On a GPU, let cuDNN time its convolution algorithms once per shape and keep the fastest:
     the actors' batches and the learner's unrolls never change shape (moolib does the same)."""
-    if args.device.startswith("cuda"):
+    if job.device.startswith("cuda"):
         torch.backends.cudnn.benchmark = True
 
 
-def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None:
+def publish_counters(counters: dict[str, float]) -> None:
+    """An actor's counters, for the learner's progress line and ``python -m shmpad.top``."""
+    for name, value in counters.items():
+        lp.publish_counter(name, value)
+
+
+def run_actor(
+    job: Job, index: int, trajectories, weights, report: Callable[[dict[str, float]], None] = publish_counters
+) -> None:
+    """Step the env pool with batched inference, unrolls into ``trajectories``; every
+    ``ACTOR_STATS_S`` the counters (``actor_counters``) go to ``report``."""
     torch.set_num_threads(1)
-    use_cudnn_autotuner(args)
-    pool = EnvPool(env_config(args), args.num_workers, args.envs_per_worker, seed=args.seed + 1_000_003 * index)
+    use_cudnn_autotuner(job)
+    plan = job.plan
+    pool = EnvPool(job.env, plan.num_workers, plan.envs_per_worker, seed=job.seed + 1_000_003 * index)
     try:
-        model = build_model(args, pool.spec.obs_shape, pool.spec.num_actions)
+        model = build_model(job, pool.spec.obs_shape, pool.spec.num_actions)
         writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
         inference = BatchedInference(
             pool,
             model,
-            args.device,
+            job.device,
             writer,
             weights,
-            seed=args.seed + index,
-            policy=actor_policy(args),
-            bf16=actor_bf16(args),
+            seed=job.seed + index,
+            policy=actor_policy(job),
+            bf16=actor_bf16(job),
         )
         stop = lp.stop_event()
         next_report = time.monotonic()
@@ -299,11 +415,7 @@ def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None
                 continue
             if time.monotonic() >= next_report:
                 next_report = time.monotonic() + ACTOR_STATS_S
-                counters = actor_counters(pool, inference)
-                for name, value in counters.items():  # for the learner's progress line and shmpad.top
-                    lp.publish_counter(name, value)
-                if stats is not None:
-                    send_actor_stats(stats, counters)
+                report(actor_counters(pool, inference))
     except Closed:
         pass  # the program stopped: the trajectory ring was closed under us
     finally:
@@ -313,37 +425,38 @@ def run_actor(args: Args, index: int, trajectories, weights, stats=None) -> None
 # -- the learner node --------------------------------------------------------------------
 
 
-def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, trajectories, weights) -> None:
-    torch.set_num_threads(args.learner_threads)
-    use_cudnn_autotuner(args)
-    checkpoint = os.path.join(args.out, rundir.CHECKPOINT)
+def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) -> None:
+    torch.set_num_threads(job.plan.learner_threads)
+    use_cudnn_autotuner(job)
+    checkpoint = os.path.join(job.out, rundir.CHECKPOINT)
     learner = Learner(
-        build_model(args, obs_shape, num_actions),
+        build_model(job, obs_shape, num_actions),
         trajectories,
-        learner_config(args, frames_per_step),
+        job.learner,
         weights,
-        args.device,
+        job.device,
     )
     seconds_before = 0.0
-    if args.resume and os.path.exists(checkpoint):
+    if job.resume and os.path.exists(checkpoint):
         learner.load(checkpoint)
-        seconds_before = last_seconds(os.path.join(args.out, "log.csv"))
-    if args.peers:
-        token = load_token(token_file=args.token_file or None)
+        seconds_before = last_seconds(os.path.join(job.out, "log.csv"))
+    group = job.group
+    if group is not None:
+        token = load_token(token_file=group.token_file or None)
         learner.join_group(
-            args.peers,
-            args.group,
-            host=args.peer_host,
+            group.broker,
+            group.name,
+            host=group.host,
             token=token,
-            virtual_batch_size=args.virtual_batch_size,
-            min_size=args.min_peers,
-            backend=args.backend,
+            virtual_batch_size=group.virtual_batch_size,
+            min_size=group.min_size,
+            backend=group.backend,
         )
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
-        print(f"joining group {args.group!r} at {args.peers} as {learner.accumulator.name}", flush=True)
-    log_path = os.path.join(args.out, "log.csv")
-    episodes_path = os.path.join(args.out, "episodes.csv")
-    new_log = not (args.resume and os.path.exists(log_path))
+        print(f"joining group {group.name!r} at {group.broker} as {learner.accumulator.name}", flush=True)
+    log_path = os.path.join(job.out, "log.csv")
+    episodes_path = os.path.join(job.out, "episodes.csv")
+    new_log = not (job.resume and os.path.exists(log_path))
     stop = lp.stop_event()
     with open(log_path, "w" if new_log else "a", newline="") as f, open(episodes_path, "w" if new_log else "a") as ep:
         # a resumed log keeps the columns it was started with
@@ -352,11 +465,11 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
         if new_log:
             log.writeheader()
             episodes.writerow(EPISODE_COLUMNS)
-        board = TensorBoardLog(os.path.join(args.out, "tensorboard")) if args.tensorboard else None
+        board = TensorBoardLog(os.path.join(job.out, "tensorboard")) if job.tensorboard else None
         start = time.monotonic()
         last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
         last_checkpoint = start
-        while learner.frames < args.total_frames and not stop.is_set():
+        while learner.frames < job.total_frames and not stop.is_set():
             try:
                 learner.step(timeout=1.0)
             except Timeout:
@@ -364,14 +477,14 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
             episodes.writerows((learner.frames, r) for r in learner.new_returns)
             learner.new_returns.clear()
             now = time.monotonic()
-            if now - last["t"] >= args.log_interval or learner.frames >= args.total_frames:
+            if now - last["t"] >= job.log_interval or learner.frames >= job.total_frames:
                 row = progress(learner, trajectories, last, now, seconds_before + now - start, actor_totals())
                 log.writerow(row)
                 f.flush()
                 ep.flush()
                 print(progress_line(row), flush=True)
                 report(row, learner, board)
-            if now - last_checkpoint >= 60 * args.checkpoint_minutes:
+            if now - last_checkpoint >= 60 * job.checkpoint_minutes:
                 learner.save(checkpoint)
                 last_checkpoint = now
         learner.save(checkpoint)
@@ -379,10 +492,10 @@ def run_learner(args: Args, obs_shape, num_actions: int, frames_per_step: int, t
             board.close()
     if learner.accumulator is not None:
         learner.accumulator.close()
-    plot(log_path, os.path.join(args.out, "curve.png"), args.env, episodes_path)
-    if learner.frames >= args.total_frames:
+    plot(log_path, os.path.join(job.out, "curve.png"), job.env.env_id, episodes_path)
+    if learner.frames >= job.total_frames:
         print(
-            f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(args.out, 'curve.png')}, {checkpoint}",
+            f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(job.out, 'curve.png')}, {checkpoint}",
             flush=True,
         )
     else:
@@ -400,42 +513,37 @@ def report(row: dict, learner: Learner, board: TensorBoardLog | None) -> None:
         board.write({**row, **{f"loss_{k}": v for k, v in learner.statistics().last_loss.items()}})
 
 
-def build_program(args: Args, actor_stats: bool = False) -> tuple[lp.Program, lp.Handle | None]:
-    """The program, and with ``actor_stats`` the handle of a byte ring on which every
-    actor sends its statistics as JSON (``bench.impala.throughput`` reads them)."""
-    spec = env_config(args).spec()  # also compiles the preprocessing kernels before the fork
+def build_program(
+    job: Job,
+    actor: Callable[..., None] = run_actor,
+    actor_args: tuple = (),
+    program: lp.Program | None = None,
+) -> lp.Program:
+    """The job's program (its nodes added to ``program`` where one is given). Each actor node
+    runs ``actor(job, index, trajectories, weights, *actor_args)``: ``run_actor``, or a
+    benchmark's wrapper of it that watches the actors (``bench.impala.throughput``)."""
+    spec = job.env.spec()  # also compiles the preprocessing kernels before the fork
     if not spec.discrete:
-        raise SystemExit(f"bench.impala needs discrete actions; {args.env!r} has {spec.describe_actions()}")
-    model = build_model(args, spec.obs_shape, spec.num_actions)
-    traj = trajectory_spec(spec, args.unroll_length, core_state_shapes=core_state_shapes(model))
-    program = lp.Program("impala")
-    trajectories = program.add_node(
-        lp.RingNode(args.queue_slots or 4 * args.batch_size, spec=traj, multi=True), "trajectories"
-    )
+        raise SystemExit(f"bench.impala needs discrete actions; {job.env.env_id!r} has {spec.describe_actions()}")
+    model = build_model(job, spec.obs_shape, spec.num_actions)
+    traj = trajectory_spec(spec, job.unroll_length, core_state_shapes=core_state_shapes(model))
+    program = lp.Program("impala") if program is None else program
+    trajectories = program.add_node(lp.RingNode(job.queue_slots, spec=traj, multi=True), "trajectories")
     weights = program.add_node(lp.WeightStoreNode(model), "weights")
-    stats = program.add_node(lp.RingNode(256, slot_size=1024), "actor_stats") if actor_stats else None
     with program.group("actor"):
-        for i in range(args.num_actors):
-            program.add_node(lp.PyNode(run_actor, args, i, trajectories, weights, stats))
+        for i in range(job.plan.num_actors):
+            program.add_node(lp.PyNode(actor, job, i, trajectories, weights, *actor_args))
     program.add_node(
-        lp.PyNode(
-            run_learner,
-            args,
-            spec.obs_shape,
-            spec.num_actions,
-            frames_per_step(env_config(args)),
-            trajectories,
-            weights,
-        ),
+        lp.PyNode(run_learner, job, spec.obs_shape, spec.num_actions, trajectories, weights),
         "learner",
     )
-    return program, stats
+    return program
 
 
-def local_resources(args: Args) -> dict[str, lp.PythonProcess]:
-    """With ``--pin on``: the learner's group on the first ``--learner-threads`` of this
+def local_resources(plan: Plan) -> dict[str, lp.PythonProcess]:
+    """Where the plan pins: the learner's group on the first ``learner_threads`` of this
     process's cores, the actors' (their env workers inherit it) on the others."""
-    cpus = pinned_cpus(args)
+    cpus = pinned_cpus(plan)
     if cpus is None:
         return {}
     learner, actors = cpus
@@ -446,24 +554,25 @@ IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
 
-def prepare_run(args: Args) -> int | None:
+def prepare_run(args: Args, job: Job) -> int | None:
     """Check ``--out`` (and with ``--resume`` its checkpoint) before anything is launched,
     then write ``config.json``. Returns the frames of the checkpoint resumed, if any."""
-    config = dataclasses.asdict(args)
-    rundir.check(args.out, config, args.resume, IDENTITY)
+    config = run_config(args, job.plan)
+    rundir.check(job.out, config, job.resume, IDENTITY)
     frames = None
-    if args.resume:
-        spec = env_config(args).spec()
-        model = build_model(args, spec.obs_shape, spec.num_actions)
-        frames = rundir.check_checkpoint(args.out, model, f"--env {args.env} --model {args.model}")
-    rundir.write_config(args.out, config)
+    if job.resume:
+        spec = job.env.spec()
+        model = build_model(job, spec.obs_shape, spec.num_actions)
+        frames = rundir.check_checkpoint(job.out, model, f"--env {args.env} --model {args.model}")
+    rundir.write_config(job.out, config)
     return frames
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-        frames = prepare_run(args)
+        job = resolve(args)
+        frames = prepare_run(args, job)
     except (UsageError, rundir.RunDirError) as e:
         print(f"python -m bench.impala: error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -474,12 +583,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0
-    print(summary(args), flush=True)
+    print(summary(args, job.plan), flush=True)
     if frames is not None:
         print(f"resuming {args.out} at {frames:,} frames", flush=True)
     try:
-        program, _ = build_program(args)
-        manager = lp.launch(program, launch_type=args.launch_type, local_resources=local_resources(args), top=args.top)
+        program = build_program(job)
+        manager = lp.launch(
+            program, launch_type=args.launch_type, local_resources=local_resources(job.plan), top=args.top
+        )
         manager.wait()
     finally:
         rundir.remove_temp_files(args.out)  # a learner killed mid-save (a second Ctrl+C) leaves one

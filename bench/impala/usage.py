@@ -1,8 +1,9 @@
-"""bench.impala's command line: how ``--help`` groups the options, their choices and
-examples, the defaults per env family, and the lines the job prints before and after a
-run (what it runs, what to try next). The job itself, CleanRL style, is
-``bench/impala/train.py``; this module takes its settings as they are (any object with the
-``Args`` fields) and imports nothing of it.
+"""bench.impala's command line as the user meets it: how ``--help`` groups the options,
+their choices and examples, and the lines the job prints before and after a run (what it
+runs, what to try next). The job itself, CleanRL style, is ``bench/impala/train.py``; this
+module takes its settings as they are (any object with the ``Args`` fields, and the
+``Plan``) and imports nothing of it. The defaults per env family are the plan's
+(``bench/impala/plan.py``).
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from actors import EnvConfig
 from bench.impala import rundir
-from bench.impala.plan import pinned_cpus, usable_cores
+from bench.impala.plan import FAMILY_DEFAULTS, Plan, env_family, pinned_cpus, usable_cores
 
-__all__ = ["CHOICES", "EXAMPLES", "FAMILY_DEFAULTS", "HELP_GROUPS", "advice", "env_family", "publishing", "summary"]
+__all__ = ["CHOICES", "EXAMPLES", "HELP_GROUPS", "advice", "publishing", "summary"]
 
 HELP_GROUPS = {
     "environment": ["env", "full_action_space", "seed"],
@@ -74,47 +74,17 @@ EXAMPLES = """examples:
   python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000 --total-frames 1_000_000
 """
 
-FAMILY_DEFAULTS = {
-    # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
-    "classic_control": dict(
-        model="mlp",
-        total_frames=750_000,
-        learning_rate=0.003,
-        discount=0.98,
-        entropy_cost=0.01,
-        batch_size=16,
-        # The MLP's update takes about 2 ms: publishing after every one cost the learner fed from the
-        # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of
-        # bench.impala.throughput's two learner subjects, bench.impala.learner_cost, run from a script
-        # not kept). Every 10 ms, 5 runs of tests/test_impala.py's CartPole job each way scored
-        # 491-500 against 482-500, with a policy lag of 1.8 updates against 0.9-1.4.
-        publish_seconds=0.01,
-    ),
-}
-"""Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
-given on the command line win."""
 
-
-def env_family(env_id: str) -> str:
-    """'atari', 'classic_control' (gymnasium's CartPole, Acrobot, MountainCar...) or 'other'."""
-    import gymnasium
-
-    config = EnvConfig(env_id)  # registers the Atari ids; an unknown id raises ValueError here
-    if config.is_atari:
-        return "atari"
-    return "classic_control" if "classic_control" in str(gymnasium.spec(env_id).entry_point) else "other"
-
-
-def summary(args: Any) -> str:
+def summary(args: Any, plan: Plan) -> str:
     core = ("+lstm" if args.use_lstm else "") + ("+last action and reward" if args.last_action_reward else "")
     return (
         f"IMPALA on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
         f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})\n"
-        f"plan for {usable_cores()} core(s), {args.device}: {args.num_actors} actor(s) x {args.num_workers} env "
-        f"workers x {args.envs_per_worker} envs, learner {args.learner_threads} thread(s), "
-        f"{'compiled' if args.compile == 'on' else 'eager'}, {'bf16' if args.bf16 == 'on' else 'fp32'}, "
+        f"plan for {usable_cores()} core(s), {args.device}: {plan.num_actors} actor(s) x {plan.num_workers} env "
+        f"workers x {plan.envs_per_worker} envs, learner {plan.learner_threads} thread(s), "
+        f"{'compiled' if plan.compile else 'eager'}, {'bf16' if plan.bf16 else 'fp32'}, "
         + publishing(args)
-        + _pinning(args)
+        + _pinning(plan)
     )
 
 
@@ -125,8 +95,8 @@ def publishing(args: Any) -> str:
     return f"weights published every {args.publish_every} update(s)"
 
 
-def _pinning(args: Any) -> str:
-    cpus = pinned_cpus(args)
+def _pinning(plan: Plan) -> str:
+    cpus = pinned_cpus(plan)
     if cpus is None:
         return ""
     return f", learner on cpu {_cpu_list(cpus[0])}, actors on cpu {_cpu_list(cpus[1])}"
