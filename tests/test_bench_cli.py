@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from bench.cli import _field_docs
-from bench.report import exit_status
+from bench.common.cli import _field_docs
+from bench.common.report import exit_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,6 +34,6 @@ def test_every_benchmark_explains_its_options_and_quick_means_one_short_round(be
     assert proc.returncode == 0, proc.stderr
     text = " ".join(proc.stdout.split())  # argparse wraps the lines
     assert "--quick one short round of every measurement, to see that it runs" in text
-    args = importlib.import_module(f"bench.{bench}").Args
+    args = importlib.import_module(f"bench.{bench}.benchmark").Args
     for name, doc in _field_docs(args).items():
         assert " ".join(doc.split())[:40] in text, f"--{name.replace('_', '-')} has no help text"

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from bench.impala_compare import _session_members
+from bench.impala.compare import _session_members
 from bench.learn.__main__ import Progress, main, parse_args, summarize
 
 

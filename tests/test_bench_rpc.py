@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from bench import rpc
-from bench.rpc_subjects import MpPipe, Plan
+from bench.rpc import benchmark
+from bench.rpc.contract import Plan
+from bench.rpc.peers import MpPipe
 from shmpad.shm import janitor
 
 CALLS = 50
@@ -39,17 +40,17 @@ def test_every_subject_is_in_the_test():
     # The shmpad subject must import here: the benchmark exists to measure it.
     import shmpad.rpc  # noqa: F401
 
-    assert {s.name for s in rpc.SUBJECTS} >= {"shmpad", "mp-pipe", "zmq-ipc", "portal", "floor"}
+    assert {s.name for s in benchmark.SUBJECTS} >= {"shmpad", "mp-pipe", "zmq-ipc", "portal", "floor"}
 
 
 @pytest.mark.parametrize("depth", [1, 16], ids=["sync", "in-flight-16"])
-@pytest.mark.parametrize("subject", rpc.SUBJECTS, ids=lambda s: s.name)
+@pytest.mark.parametrize("subject", benchmark.SUBJECTS, ids=lambda s: s.name)
 def test_subject_answers_every_call(subject, depth, no_children_left, shm_leak_check):
     if subject.name in NEEDS:
         pytest.importorskip(NEEDS[subject.name])
     if subject.family == "floor":
-        rpc.warm_up_floor()
-    sample = rpc.measure(subject, Plan(depth=depth, seconds=0.0, warmup_seconds=0.0, calls=CALLS))
+        benchmark.warm_up_floor()
+    sample = benchmark.measure(subject, Plan(depth=depth, seconds=0.0, warmup_seconds=0.0, calls=CALLS))
     # A wrong or missing reply fails the client, and measure() with it.
     assert sample.calls == CALLS
     assert 0 < sample.median_us <= sample.p99_us
@@ -66,5 +67,5 @@ class _StuckWrongPipe(MpPipe):
 
 
 def test_failed_measurement_kills_its_server(no_children_left):
-    with pytest.raises(rpc.MeasurementFailed, match="the client exited with code 1"):
-        rpc.measure(_StuckWrongPipe, Plan(depth=1, seconds=0.0, warmup_seconds=0.0, calls=CALLS))
+    with pytest.raises(benchmark.MeasurementFailed, match="the client exited with code 1"):
+        benchmark.measure(_StuckWrongPipe, Plan(depth=1, seconds=0.0, warmup_seconds=0.0, calls=CALLS))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from actors import EnvConfig
-from bench import evaluate
+from bench.evaluate import play
 from learners import make_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,18 +43,18 @@ class AlwaysLeft(torch.nn.Module):
 
 def test_returns_are_the_true_score_and_greedy_is_deterministic():
     env = EnvConfig("CartPole-v1")
-    greedy = evaluate.play(env, AlwaysLeft(), episodes=3, greedy=True, seed=1)
+    greedy = play.play(env, AlwaysLeft(), episodes=3, greedy=True, seed=1)
     assert all(8 <= r <= 12 for r in greedy), greedy  # CartPole pays 1 per step until the pole falls
-    assert evaluate.play(env, AlwaysLeft(), episodes=3, greedy=True, seed=1) == greedy
-    capped = evaluate.play(env, AlwaysLeft(), episodes=2, greedy=True, seed=1, max_steps=5)
+    assert play.play(env, AlwaysLeft(), episodes=3, greedy=True, seed=1) == greedy
+    capped = play.play(env, AlwaysLeft(), episodes=2, greedy=True, seed=1, max_steps=5)
     assert capped == [5.0, 5.0]  # cut after 5 steps, counted with the score it had
 
 
 def test_main_prints_both_policies_and_appends_eval_csv(tmp_path, capsys):
     run = tmp_path / "run"
     _run_folder(run)
-    assert evaluate.main([str(run), "--episodes", "3"]) == 0
-    assert evaluate.main([str(run), "--episodes", "2", "--policy", "greedy"]) == 0
+    assert play.main([str(run), "--episodes", "3"]) == 0
+    assert play.main([str(run), "--episodes", "2", "--policy", "greedy"]) == 0
     out = capsys.readouterr().out
     assert f"evaluating {run} (CartPole-v1, model mlp, 1,234 frames)" in out
     assert " sampled: 3 episodes, return mean" in out and "  greedy: 2 episodes, return mean" in out
@@ -74,18 +74,18 @@ def test_gif_of_an_atari_episode(tmp_path):
     _run_folder(run, env="ALE/Pong-v5", model="shallow")
     gif = tmp_path / "pong.gif"
     args = [str(run), "--episodes", "1", "--policy", "greedy", "--max-steps", "60", "--gif", str(gif)]
-    assert evaluate.main(args) == 0
+    assert play.main(args) == 0
     frames = imageio.mimread(gif)
     # every second step, the RGB screen (the GIF writer merges identical frames: the serve's first ones are)
     assert 15 <= len(frames) <= 30 and frames[0].shape[:2] == (210, 160)
 
 
 def test_not_a_run_is_a_one_line_error(tmp_path, capsys):
-    assert evaluate.main([str(tmp_path)]) == 2
+    assert play.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"python -m bench.evaluate: error: {tmp_path} is not a bench.impala run with a checkpoint")
     with pytest.raises(SystemExit):
-        evaluate.parse_args([str(tmp_path), "--episodes", "0"])
+        play.parse_args([str(tmp_path), "--episodes", "0"])
 
 
 @pytest.mark.slow
@@ -93,7 +93,7 @@ def test_the_published_pong_checkpoint_loads_and_plays_well(tmp_path):
     """The published ResNet with the last action and reward as inputs: loaded from its run
     folder as a user would, it wins points from the start (+4 to +6 in 700 steps at seeds
     0-2; with its policy head scrambled it scored -16)."""
-    config, env, model, frames = evaluate.load_run(os.path.join(ROOT, "docs", "results", "pong-h200-deep"))
+    config, env, model, frames = play.load_run(os.path.join(ROOT, "docs", "results", "pong-h200-deep"))
     assert config["env"] == "ALE/Pong-v5" and config["last_action_reward"] and frames > 30_000_000
-    returns = evaluate.play(env, model, episodes=1, greedy=False, max_steps=700, seed=0)
+    returns = play.play(env, model, episodes=1, greedy=False, max_steps=700, seed=0)
     assert returns[0] >= 2

@@ -216,8 +216,8 @@ def test_pixels_learn_through_the_full_stack(tmp_path):
         tags = set(events.Tags()["scalars"])
         assert {"returns/mean_return", "losses/policy_gradient", "learning/policy_lag_updates"} <= tags, tags
         assert [e.step for e in events.Scalars("returns/mean_return")][-1] == int(rows[-1]["frames"])
-    from bench import evaluate
+    from bench.evaluate import play
 
-    _, env, model, _ = evaluate.load_run(str(out))
-    greedy = evaluate.play(env, model, episodes=10, greedy=True, seed=3)
+    _, env, model, _ = play.load_run(str(out))
+    greedy = play.play(env, model, episodes=10, greedy=True, seed=3)
     assert sum(greedy) / len(greedy) >= 19, greedy

@@ -5,6 +5,7 @@ overwritten, a resume that checks what it resumes, Ctrl+C that says where it sto
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -16,8 +17,8 @@ import sys
 import pytest
 from helpers import Tmux, kill_and_reap, run_command, start_session, track_pid, wait_until
 
-from bench import impala, impala_log
-from bench.impala_plan import MLP_MAX_ACTORS, usable_cores
+from bench.impala import progress, train
+from bench.impala.plan import MLP_MAX_ACTORS, usable_cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--num-workers", "1", "--envs-per-worker", "4", "--log-interval", "1", "--launch-type", "test_mp"]
@@ -55,33 +56,49 @@ def test_mistakes_are_caught_before_launch_in_one_line(args, message):
 
 
 def test_classic_control_gets_its_own_defaults_unless_given():
-    cartpole = impala.parse_args(["--env", "CartPole-v1", "--learning-rate", "0.01"])
+    cartpole = train.parse_args(["--env", "CartPole-v1", "--learning-rate", "0.01"])
     assert (cartpole.model, cartpole.total_frames, cartpole.discount) == ("mlp", 750_000, 0.98)
     assert cartpole.learning_rate == 0.01  # given on the command line: kept
     assert cartpole.publish_seconds == 0.01  # a 2 ms update is not made to publish every time
-    assert impala.parse_args(["--env", "CartPole-v1", "--publish-seconds", "0"]).publish_seconds == 0
-    pong = impala.parse_args([])
+    assert train.parse_args(["--env", "CartPole-v1", "--publish-seconds", "0"]).publish_seconds == 0
+    pong = train.parse_args([])
     assert (pong.model, pong.total_frames, pong.learning_rate, pong.publish_seconds) == ("shallow", 200_000, 6e-4, 0)
 
 
 def test_peers_take_a_backend_and_env_urls(monkeypatch):
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
-    args = impala.parse_args(["--peers", "127.0.0.1:5555", "--backend", "gloo"])
+    args = train.parse_args(["--peers", "127.0.0.1:5555", "--backend", "gloo"])
     assert (args.peers, args.backend) == ("127.0.0.1:5555", "gloo")
-    assert impala.parse_args(["--peers", "env://"]).backend == "shmpad"  # env:// is no HOST:PORT, and is accepted
+    assert train.parse_args(["--peers", "env://"]).backend == "shmpad"  # env:// is no HOST:PORT, and is accepted
     with pytest.raises(SystemExit):
-        impala.parse_args(["--peers", "127.0.0.1:5555", "--backend", "mpi"])
+        train.parse_args(["--peers", "127.0.0.1:5555", "--backend", "mpi"])
+
+
+def test_args_are_resolved_once_into_what_the_nodes_need(monkeypatch):
+    monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
+    args = train.parse_args(["--env", "CartPole-v1", "--peers", "127.0.0.1:5555", "--min-peers", "2"])
+    job = train.resolve(args)
+    assert (job.env.env_id, job.model, job.out) == ("CartPole-v1", "mlp", args.out)
+    assert (job.learner.batch_size, job.learner.learning_rate, job.learner.frames_per_step) == (16, 0.003, 1)
+    assert job.queue_slots == 4 * args.batch_size  # --queue-slots 0: 4 batches
+    assert (job.group.broker, job.group.min_size) == ("127.0.0.1:5555", 2)
+    assert train.resolve(train.parse_args([])).group is None
+    # config.json: every option in Args' order, the plan's choices in place of 0 and auto
+    config = train.run_config(args, job.plan)
+    assert list(config) == list(dataclasses.asdict(args))
+    assert (config["num_actors"], config["envs_per_worker"]) == (job.plan.num_actors, job.plan.envs_per_worker)
+    assert config["compile"] == ("on" if job.plan.compile else "off") and config["pin"] in ("on", "off")
 
 
 def test_the_default_out_is_a_new_folder_per_env_and_start():
-    assert impala.parse_args(["--env", "CartPole-v1"]).out.startswith(os.path.join("runs", "cartpole-v1-20"))
-    assert impala.parse_args([]).out.startswith(os.path.join("runs", "ale-pong-v5-20"))
+    assert train.parse_args(["--env", "CartPole-v1"]).out.startswith(os.path.join("runs", "cartpole-v1-20"))
+    assert train.parse_args([]).out.startswith(os.path.join("runs", "ale-pong-v5-20"))
 
 
 def test_the_progress_line_names_the_role_that_bounds_the_run():
-    assert impala_log.bound(0.76, 0.0).startswith("learner-bound: queue  76% full, learner waits   0%")
-    assert impala_log.bound(0.02, 0.4).startswith("actor-bound")
-    assert impala_log.bound(0.2, 0.05).startswith("balanced")
+    assert progress.bound(0.76, 0.0).startswith("learner-bound: queue  76% full, learner waits   0%")
+    assert progress.bound(0.02, 0.4).startswith("actor-bound")
+    assert progress.bound(0.2, 0.05).startswith("balanced")
 
 
 def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():
@@ -102,24 +119,24 @@ def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():
         "actor/1": dict(frames=0, env_s=5.0, wait_s=5.0, batches=50, inf_wait_s=1.0, inf_s=2.0, rollout_s=1.0),
     }
     last = {"t": 0.0, "frames": 0, "steps": 0, "wait": 0.0}
-    impala_log.progress(learner(0, 0.0), ring, last, now=1.0, seconds=1.0, actors=first)
+    progress.progress(learner(0, 0.0), ring, last, now=1.0, seconds=1.0, actors=first)
     second = {
         "actor/0": dict(frames=0, env_s=4.0, wait_s=2.0, batches=30, inf_wait_s=1.0, inf_s=2.0, rollout_s=1.0),
         "actor/1": dict(
             frames=0, env_s=2.0, wait_s=0.0, batches=10, inf_wait_s=0.0, inf_s=0.5, rollout_s=0.5
         ),  # restarted
     }
-    row = impala_log.progress(learner(8, 1.0), ring, last, now=3.0, seconds=3.0, actors=second)
+    row = progress.progress(learner(8, 1.0), ring, last, now=3.0, seconds=3.0, actors=second)
     # growth: actor/0 env 3, wait 1, batches 20, loop 1+1+1; actor/1 from zero: env 2, wait 0, batches 10, loop 0+0.5+0.5
     assert row["env_busy"] == pytest.approx(5 / 6, abs=1e-3)
     assert row["inference_ms"] == pytest.approx(1e3 * 1.5 / 30, abs=0.01)
     assert row["inference_share"] == pytest.approx(1.5 / 4, abs=1e-3)
     assert row["learner_ms"] == pytest.approx(1e3 * (2.0 - 1.0) / 8, abs=0.1)  # 2 s, 1 of them waiting, 8 updates
-    line = impala_log.progress_line(row)
+    line = progress.progress_line(row)
     assert "env workers busy 83%, inference 50.0 ms/batch (38% of the actor loop), learner 125 ms/update" in line
-    quiet = impala_log.progress(learner(8, 1.0), ring, last, now=4.0, seconds=4.0, actors=second)
+    quiet = progress.progress(learner(8, 1.0), ring, last, now=4.0, seconds=4.0, actors=second)
     assert [quiet[k] for k in ("env_busy", "inference_ms", "inference_share", "learner_ms")] == [""] * 4
-    assert "|" not in impala_log.progress_line(quiet)  # nothing measured: no breakdown
+    assert "|" not in progress.progress_line(quiet)  # nothing measured: no breakdown
 
 
 def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp_path):
@@ -212,11 +229,12 @@ def test_top_draws_the_live_view_under_the_progress_lines(tmp_path):
 
 
 def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
-    from bench.impala_cli import summary
+    from bench.impala.usage import summary
 
-    args = impala.parse_args(["--publish-seconds", "0.5"])
-    assert args.publish_seconds == 0.5 and "weights published every 0.5 s" in summary(args)
-    assert "weights published every 1 update(s)" in summary(impala.parse_args([]))
+    args = train.parse_args(["--publish-seconds", "0.5"])
+    assert args.publish_seconds == 0.5 and "weights published every 0.5 s" in summary(args, train.resolve(args).plan)
+    pong = train.parse_args([])
+    assert "weights published every 1 update(s)" in summary(pong, train.resolve(pong).plan)
     with pytest.raises(SystemExit):
-        impala.parse_args(["--publish-seconds", "-1"])
+        train.parse_args(["--publish-seconds", "-1"])
     assert "--publish-seconds must be >= 0, got -1.0" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""``python -m bench.impala_compare``: flags checked before anything runs, the figures a
+"""``python -m bench.impala.compare``: flags checked before anything runs, the figures a
 run's log gives, and a tiny comparison end to end (its figures are not checked: a
 benchmark is never a timed unit test), including a run stopped after ``--seconds``."""
 
@@ -10,7 +10,7 @@ import os
 import pytest
 from helpers import wait_until
 
-from bench import impala_compare
+from bench.impala import compare
 
 TINY = "--env CartPole-v1 --num-actors 1 --num-workers 1 --envs-per-worker 4 --batch-size 4 --unroll-length 5"
 
@@ -29,20 +29,20 @@ TINY = "--env CartPole-v1 --num-actors 1 --num-workers 1 --envs-per-worker 4 --b
 )
 def test_mistakes_are_refused_before_any_run(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        impala_compare.parse_args(argv)
+        compare.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_an_arm_may_be_one_flag_alone_or_none():
-    args = impala_compare.parse_args(["--arm=--use-lstm", "--arm", "", "--common", "--env CartPole-v1"])
+    args = compare.parse_args(["--arm=--use-lstm", "--arm", "", "--common", "--env CartPole-v1"])
     assert args.arm == ["--use-lstm", ""] and args.common == "--env CartPole-v1"
 
 
 def test_keep_refuses_a_folder_that_holds_something(tmp_path):
     (tmp_path / "old").mkdir()
     with pytest.raises(SystemExit):
-        impala_compare.parse_args(["--arm", "", "--arm", "", "--keep", str(tmp_path)])
+        compare.parse_args(["--arm", "", "--arm", "", "--keep", str(tmp_path)])
 
 
 def test_steady_takes_medians_after_the_first_third_and_the_last_rows_return():
@@ -61,22 +61,22 @@ def test_steady_takes_medians_after_the_first_third_and_the_last_rows_return():
     rows[-1]["wait_fraction"] = "0.25"  # one outlying row does not move the median
     rows[-1]["mean_return"] = "14"
     rows[2]["inference_ms"] = rows[3]["inference_ms"] = "4"
-    got = impala_compare.steady(rows)
+    got = compare.steady(rows)
     assert got["frames_per_s"] == 45 and got["rows"] == 4  # the median of 30, 40, 50, 60
     assert (got["wait_fraction"], got["env_busy"], got["inference_ms"], got["policy_lag"]) == (0.5, None, 3.0, 1.5)
     assert got["mean_return"] == 14.0
-    assert impala_compare.steady(rows[:1])["frames_per_s"] == 10
+    assert compare.steady(rows[:1])["frames_per_s"] == 10
     with pytest.raises(ValueError, match="no log row"):
-        impala_compare.steady([])
+        compare.steady([])
 
 
-_session_members = impala_compare._session_members
+_session_members = compare._session_members
 
 
 @pytest.mark.slow
 def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, shm_leak_check, monkeypatch):
     pids = []
-    run_one = impala_compare.run_one
+    run_one = compare.run_one
 
     def recording(*a, **kw):
         got = run_one(*a, **kw)
@@ -84,15 +84,12 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
         assert _session_members(got["pid"]) == [], "the run's processes outlived it"
         return got
 
-    monkeypatch.setattr(impala_compare, "run_one", recording)
+    monkeypatch.setattr(compare, "run_one", recording)
     keep = tmp_path / "runs"
     argv = ["--common", f"{TINY} --total-frames 100000000", "--arm", "--learner-threads 1", "--arm", "--pin off"]
-    assert (
-        impala_compare.main([*argv, "--rounds", "1", "--seconds", "10", "--log-interval", "1", "--keep", str(keep)])
-        == 0
-    )
+    assert compare.main([*argv, "--rounds", "1", "--seconds", "10", "--log-interval", "1", "--keep", str(keep)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("# bench.impala_compare") and len(pids) == 2
+    assert lines[0].startswith("# bench.impala.compare") and len(pids) == 2
     assert sum(line.startswith("  round 1: arm ") for line in lines) == 2
     report = json.loads(lines[-1][len("report: ") :])
     assert [a["flags"] for a in report["arms"]] == ["--learner-threads 1", "--pin off"]
@@ -102,16 +99,16 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
     )
     for a in report["arms"]:  # each run's breakdown, as its line printed it
         (b,) = a["breakdown_per_round"]
-        assert set(b) == set(impala_compare.STEADY_COLUMNS) and 0 <= b["wait_fraction"] <= 1
+        assert set(b) == set(compare.STEADY_COLUMNS) and 0 <= b["wait_fraction"] <= 1
     assert sorted(os.listdir(keep)) == ["arm0-round1", "arm0-round1.log", "arm1-round1", "arm1-round1.log"]
     assert "done: " not in (keep / "arm0-round1.log").read_text()  # stopped long before 100M frames
 
 
 @pytest.mark.slow
 def test_a_run_that_does_not_stop_in_its_grace_is_killed_with_its_whole_session(tmp_path, monkeypatch):
-    monkeypatch.setattr(impala_compare, "STOP_GRACE_S", 0.0)  # SIGKILL right after the SIGINT
+    monkeypatch.setattr(compare, "STOP_GRACE_S", 0.0)  # SIGKILL right after the SIGINT
     before = set(os.listdir("/dev/shm"))
-    got = impala_compare.run_one(
+    got = compare.run_one(
         ["--log-interval", "1", *f"{TINY} --total-frames 100000000".split()], str(tmp_path / "run"), 8.0
     )
     assert got["frames_per_s"] > 0  # the rows it logged before it was killed

@@ -1,4 +1,4 @@
-"""``python -m bench.impala_throughput`` with tiny settings: the report's
+"""``python -m bench.impala.throughput`` with tiny settings: the report's
 sections, target lines and machine-readable line are there (timings are not checked:
 a benchmark is never a timed unit test)."""
 
@@ -15,12 +15,12 @@ TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --u
 
 @pytest.mark.slow
 def test_report_throughput_prints_both_measurements_and_the_targets():
-    status, text = run_bench_status(*TINY, "--rounds", "2", timeout=400, module="bench.impala_throughput")
+    status, text = run_bench_status(*TINY, "--rounds", "2", timeout=400, module="bench.impala.throughput")
     lines = text.splitlines()
     assert status == (1 if any(line.startswith("FAIL ") for line in lines) else 0), text[
         -3000:
     ]  # a missed target fails
-    assert lines[0].startswith("# bench.impala_throughput")
+    assert lines[0].startswith("# bench.impala.throughput")
     assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 2
     assert (
         len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 2
@@ -62,16 +62,16 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
 
 @pytest.mark.parametrize("rounds", ["0", "-2"])
 def test_rounds_below_one_is_refused_before_anything_runs(rounds):
-    from bench import impala_throughput
+    from bench.impala import throughput
 
     with pytest.raises(SystemExit, match=f"--rounds must be >= 1, got {rounds}"):
-        impala_throughput.main(["--rounds", rounds, "--env", "CartPole-v1"])
+        throughput.main(["--rounds", rounds, "--env", "CartPole-v1"])
 
 
 def test_run_refuses_rounds_that_are_not_a_positive_int():
-    from bench import impala, impala_throughput
+    from bench.impala import throughput, train
 
-    args = impala.parse_args(["--env", "CartPole-v1"], measuring=True)
+    args = train.parse_args(["--env", "CartPole-v1"], defaults=throughput.DEFAULTS)
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="rounds must be an int >= 1"):
-            impala_throughput.run(args, bad)
+            throughput.run(args, bad)

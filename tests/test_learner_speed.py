@@ -14,7 +14,7 @@ import types
 import pytest
 import torch
 
-from bench.impala_plan import make_plan
+from bench.impala.plan import make_plan
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
 from learners.transfer import HISTORY, BatchStager, WeightPublisher
@@ -192,6 +192,15 @@ def _args(**kw):
     return types.SimpleNamespace(**{**base, **kw})
 
 
+def _job(**kw):
+    """What ``train.actor_bf16`` and ``train.actor_policy`` read of a ``train.Job``, with the plan of ``_args(**kw)``."""
+    args = _args(**kw)
+    plan = make_plan(args, cores=2, cpu_bf16=False)
+    return types.SimpleNamespace(
+        plan=plan, device=args.device, use_lstm=args.use_lstm, last_action_reward=args.last_action_reward
+    )
+
+
 @pytest.mark.parametrize(
     "kw, cores, expected",
     [
@@ -212,7 +221,7 @@ def test_the_plan_fills_the_cores_and_keeps_what_was_given(kw, cores, expected):
 
 
 def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
-    from bench.impala_plan import cpu_has_bf16
+    from bench.impala.plan import cpu_has_bf16
 
     assert make_plan(_args(), cores=2, cpu_bf16=True).bf16
     assert not make_plan(_args(), cores=2, cpu_bf16=False).bf16  # emulated bf16 is slower than fp32
@@ -225,19 +234,19 @@ def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
 
 
 def test_actors_infer_in_bf16_where_the_plan_runs_the_learner_in_bf16_on_a_cpu():
-    from bench import impala
+    from bench.impala import train
 
-    assert impala.actor_bf16(_args(bf16="on")) and not impala.actor_bf16(_args(bf16="off"))
-    assert not impala.actor_bf16(_args(bf16="on", device="cuda"))  # not measured there
-    assert impala.actor_policy(_args(use_lstm=False, last_action_reward=False)) is impala.act
-    assert impala.actor_policy(_args(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
-    assert impala.actor_policy(_args(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
+    assert train.actor_bf16(_job(bf16="on")) and not train.actor_bf16(_job(bf16="off"))
+    assert not train.actor_bf16(_job(bf16="on", device="cuda"))  # not measured there
+    assert train.actor_policy(_job(use_lstm=False, last_action_reward=False)) is train.act
+    assert train.actor_policy(_job(use_lstm=True, last_action_reward=False)) is None  # stepped with its core state
+    assert train.actor_policy(_job(use_lstm=False, last_action_reward=True)) is None  # stepped with its inputs
     model = make_model("shallow", (4, 84, 84), A).eval()
     obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
     with torch.inference_mode():
-        fp32 = impala.act(model, obs)
+        fp32 = train.act(model, obs)
         with torch.autocast("cpu", dtype=torch.bfloat16):  # as BatchedInference(bf16=True) runs it
-            bf16 = impala.act(model, obs)
+            bf16 = train.act(model, obs)
     assert bf16.dtype == torch.float32 and bf16.shape == (5, A)
     torch.testing.assert_close(bf16, fp32, rtol=0, atol=0.05)  # bf16 features, fp32 heads
     assert not torch.equal(bf16, fp32)
@@ -249,7 +258,7 @@ def test_the_plan_refuses_a_bad_switch():
 
 
 def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
-    from bench.impala_plan import PIN_BY_DEFAULT, pinned_cpus
+    from bench.impala.plan import PIN_BY_DEFAULT, pinned_cpus
 
     assert make_plan(_args(pin="auto"), cores=2).pin == PIN_BY_DEFAULT
     assert not make_plan(_args(pin="auto"), cores=1).pin
@@ -258,17 +267,18 @@ def test_the_plan_pins_the_learner_apart_from_the_actors_on_a_cpu():
     assert not make_plan(_args(pin="auto", device="cuda"), cores=16).pin
     assert not make_plan(_args(pin="off"), cores=2).pin and make_plan(_args(pin="on", device="cuda"), cores=16).pin
     cpus = sorted(os.sched_getaffinity(0))
-    assert pinned_cpus(_args(pin="off", learner_threads=1)) is None
+    assert pinned_cpus(make_plan(_args(pin="off", learner_threads=1), cores=2)) is None
     if len(cpus) < 2:
-        assert pinned_cpus(_args(pin="on", learner_threads=1)) is None  # nothing to split
+        assert pinned_cpus(make_plan(_args(pin="on", learner_threads=1), cores=2)) is None  # nothing to split
     else:
-        assert pinned_cpus(_args(pin="on", learner_threads=1)) == (cpus[:1], cpus[1:])
-        assert pinned_cpus(_args(pin="on", learner_threads=99)) == (cpus[:-1], cpus[-1:])  # the actors keep one
+        assert pinned_cpus(make_plan(_args(pin="on", learner_threads=1), cores=2)) == (cpus[:1], cpus[1:])
+        # the actors keep one
+        assert pinned_cpus(make_plan(_args(pin="on", learner_threads=99), cores=2)) == (cpus[:-1], cpus[-1:])
 
 
 def _usable_cores_in_a_child_on(cores: list[int]) -> int:
     """``usable_cores()`` as a child process reports it after narrowing its affinity to ``cores``."""
-    code = f"import os\nos.sched_setaffinity(0, {cores!r})\nfrom bench.impala_plan import usable_cores\nprint(usable_cores())"
+    code = f"import os\nos.sched_setaffinity(0, {cores!r})\nfrom bench.impala.plan import usable_cores\nprint(usable_cores())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return int(out.stdout)

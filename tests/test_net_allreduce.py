@@ -520,7 +520,7 @@ def test_closing_the_mesh_abandons_its_rings(meshes):
 
 def test_bench_measures_every_subject_and_leaves_no_process():
     pytest.importorskip("torch.distributed")
-    from bench import allreduce as bench
+    from bench.allreduce import benchmark as bench
 
     args = bench.Args(reps=2, warmup=1)
     subjects = [s for s in bench.SUBJECTS if bench.missing(s) is None]
@@ -537,7 +537,7 @@ def test_bench_measures_every_subject_and_leaves_no_process():
 
 def test_bench_times_a_join_and_a_kill_per_backend_and_leaves_no_process():
     pytest.importorskip("torch.distributed")
-    from bench.allreduce_change import EVENTS, measure_changes
+    from bench.allreduce.change import EVENTS, measure_changes
 
     before = set(FORK.active_children())
     results, failures = measure_changes(peers=2, reps=1)

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_the_console_scripts_name_callables_and_the_license_is_there():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
-    assert project["scripts"] == {"shmpad-impala": "bench.impala:main", "shmpad-broker": "shmpad.net.broker:main"}
+    assert project["scripts"] == {"shmpad-impala": "bench.impala.train:main", "shmpad-broker": "shmpad.net.broker:main"}
     for target in project["scripts"].values():
         module, _, name = target.partition(":")
         assert callable(getattr(importlib.import_module(module), name)), target

@@ -1,4 +1,4 @@
-"""bench.tensorboard: the IMPALA job's progress rows, as ``progress()`` makes them, become
+"""bench.impala.tensorboard: the IMPALA job's progress rows, as ``progress()`` makes them, become
 TensorBoard scalars at their frame counts, read back from the event file."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ pytest.importorskip("tensorboard", reason="the tensorboard extra is not installe
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from bench import impala_log  # noqa: E402
-from bench.tensorboard import TensorBoardLog  # noqa: E402
+from bench.impala import progress  # noqa: E402
+from bench.impala.tensorboard import TensorBoardLog  # noqa: E402
 
 
 def _row(frames: int, steps: int, mean_return: float, t: float, last: dict) -> dict:
@@ -32,7 +32,7 @@ def _row(frames: int, steps: int, mean_return: float, t: float, last: dict) -> d
         accumulator=None,
     )
     ring = SimpleNamespace(statistics=lambda: SimpleNamespace(size=3, capacity=8))
-    return impala_log.progress(learner, ring, last, now=t, seconds=t)
+    return progress.progress(learner, ring, last, now=t, seconds=t)
 
 
 def test_progress_rows_become_scalars_at_their_frames(tmp_path):

@@ -40,8 +40,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench import impala, rundir
-from bench.impala_compare import STOP_GRACE_S, _await_session_end
+from bench.impala import rundir, train
+from bench.impala.compare import STOP_GRACE_S, _await_session_end
 
 __all__ = ["Progress", "main", "parse_args", "summarize"]
 
@@ -92,10 +92,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if args.out and os.path.exists(args.out) and os.listdir(args.out):
         parser.error(f"--out {args.out}: the folder is not empty")
     try:
-        impala.parse_args([*_job_flags(args, job, 0), "--out", os.devnull])
+        train.parse_args([*_job_flags(args, job, 0), "--out", os.devnull])
     except SystemExit:
         parser.error(f"bench.impala refused the flags {shlex.join(job)!r} (its message is above)")
-    except impala.UsageError as e:
+    except train.UsageError as e:
         parser.error(str(e))
     if not args.out:
         args.out = rundir.default_out(args.env).replace(rundir.RUNS + os.sep, rundir.RUNS + os.sep + "learn-", 1)

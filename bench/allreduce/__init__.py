@@ -1,0 +1,1 @@
+"""shmpad's ring allreduce and gradient accumulator against gloo."""

@@ -1,0 +1,7 @@
+"""``python -m bench.dqn``: runs ``bench/dqn/train.py``."""
+
+import sys
+
+from bench.dqn.train import main
+
+sys.exit(main())

@@ -1,0 +1,213 @@
+"""How bench.impala fills the machine: from the cores this process may run on (its
+affinity, not the machine's count) and the device, how many actors, env workers,
+environments per worker and learner threads to run, and whether the learner runs
+compiled and in bf16; and the defaults per env family (``FAMILY_DEFAULTS``), the only
+defaults besides ``Args``' own fields. Every option the user gave wins; the job prints the
+plan as one line before it starts.
+
+The rules, and the measurements behind them (this repository's 2-core CPU machine,
+torch 2.13; ``bench.impala.learner_cost``, run by ``python -m bench.impala.throughput``, measures the learner's side):
+
+- CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 takes
+  0.5-1.2 s; two env workers make 10K+ frames/s), yet it gets only half the cores as
+  torch threads (an MLP's tiny update one): the actors keep running beside it, and a
+  torch thread that loses its core stalls the others at every barrier. On 2 cores the
+  whole job ran 1.5-1.6x faster with a 1-thread learner than with a 2-thread one
+  (interleaved rounds, compiled both). The actors get one actor with one worker per
+  core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
+  convolutional models (1.5x per update after about 20 s of compiling); not for the
+  MLP, whose update is overhead, nor for the LSTM core's step loop.
+- CPU, an MLP (CartPole): the actors are the bottleneck, not their env workers (10-20%
+  busy) but each actor's own loop (its Python and its small network), so there is one
+  actor per core up to 2 (with 2 the learner is busy 82-89% of the time: more actors
+  would only lengthen the policy lag), each with 2 workers of 32 environments (bigger
+  batches spread the loop's cost), and nothing is pinned (the learner is idle most of
+  the time, and its core should not be kept from the actors). On 2 cores that ran the CartPole job at 68-76K
+  frames/s against 36-38K for the Nature CNN's plan (1 actor x 2 workers x 16, pinned;
+  3 interleaved rounds), with a policy lag of 6.5-7 updates instead of 1-2; every one of
+  five such runs scored 500. ``python -m bench.impala.compare --common "--env CartPole-v1"
+  --arm "" --arm "--num-actors 1 --num-workers 2 --envs-per-worker 16 --pin on"`` reruns
+  it (1.9x again later: 60.8K against 32.7K frames/s, medians of 3 rounds). 64
+  environments per worker ran 75-81K frames/s, but at a lag of 11 updates one run in
+  three collapsed to a return of 9.
+- CPU, bf16: where the CPU computes bf16 natively (AVX512-BF16 or AMX), the learner of
+  a convolutional model runs under bf16 autocast: on this machine's AMD EPYC (Zen 4,
+  avx512_bf16) a compiled 1-thread Nature-CNN update ran 1.81-2.08x as many updates/s as
+  in fp32, and the default Pong job 1.23x the frames/s (docs/results/cpu-bf16). Elsewhere
+  bf16 is emulated and slower, so it stays off.
+- CPU, pinning (``--pin on``): the learner runs on its own cores (the first
+  ``learner_threads``) and the actors with their env workers on the others, so that
+  neither preempts the other (``PythonProcess(cpus=...)``): the default Pong job ran
+  1.22x faster pinned with the learner in fp32 (median of 4 interleaved rounds; its
+  learner took 480-490 ms per update instead of 550-590), and 1.03x with it in bf16
+  (3 rounds; the actor's core is then as much the limit as the learner).
+- CUDA: the GPU does the learner's arithmetic, so the cores go to the environments:
+  one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
+  environments each, the learner's host side on one thread. bf16 autocast. On one H100
+  with 16 cores (docs/results/h100-topology, ``bench.impala.compare``, two calls) the
+  plan's 2 actors x 6 workers ran the default Pong job at 63.4K and 65.1K frames/s. One
+  actor serving all 12 workers ran it 0.90x and 0.92x as fast, its workers waiting on its
+  one loop. With the IMPALA ResNet one actor tied (0.995x) and 4 actors x 3 workers ran
+  0.91x.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from actors import EnvConfig
+
+__all__ = [
+    "ALGO_DEFAULTS",
+    "FAMILY_DEFAULTS",
+    "Plan",
+    "cpu_has_bf16",
+    "env_family",
+    "make_plan",
+    "pinned_cpus",
+    "usable_cores",
+]
+
+AUTO = "auto"
+PIN_BY_DEFAULT = True
+"""whether ``--pin auto`` pins a convolutional model's job on a CPU: yes, 1.22x frames/s on 2 cores with an fp32 learner, 1.03x with bf16 (docs/results/cpu-pinning)"""
+ENVS_PER_WORKER = 16
+MLP_MAX_ACTORS = 2
+"""an MLP's actors on a CPU, one per core up to this: with 2 the learner already waited only 11-18%
+of the time, so more actors would add policy lag (unrolls waiting for the ring), not frames"""
+MLP_ENVS_PER_WORKER = 32
+"""an MLP's actors on a CPU: 32 environments per worker ran the CartPole job 1.19x and 1.33x as fast as 16 (two interleaved rounds)"""
+
+
+APPO_EPOCHS_GPU = 4
+"""APPO's epochs on a GPU, whose learner waited 68-69% of the time for data under IMPALA
+(docs/results/h100-topology): reuse takes that idle time, as PPO's 4 epochs do"""
+APPO_EPOCHS_CPU = 2
+"""APPO's epochs on a CPU, where the learner is already the bottleneck: each epoch costs
+frames/s, so fewer than on a GPU"""
+
+ALGO_DEFAULTS = {
+    # PPO's Atari settings (Schulman et al. 2017, table 5; OpenAI baselines' ppo2 atari()): learning rate
+    # 2.5e-4, entropy 0.01, GAE lambda 0.95 (here V-trace's lambda), gradient norm 0.5
+    "appo": dict(learning_rate=2.5e-4, entropy_cost=0.01, grad_norm_clip=0.5, vtrace_lambda=0.95),
+}
+"""Defaults per --algo where Args' own (IMPALA's) do not fit; a family's defaults and the
+options given on the command line win over them."""
+
+FAMILY_DEFAULTS = {
+    # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
+    "classic_control": dict(
+        model="mlp",
+        total_frames=750_000,
+        learning_rate=0.003,
+        discount=0.98,
+        entropy_cost=0.01,
+        batch_size=16,
+        # The MLP's update takes about 2 ms: publishing after every one cost the learner fed from the
+        # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of
+        # bench.impala.throughput's two learner subjects, bench.impala.learner_cost, run from a script
+        # not kept). Every 10 ms, 5 runs of tests/test_impala.py's CartPole job each way scored
+        # 491-500 against 482-500, with a policy lag of 1.8 updates against 0.9-1.4.
+        publish_seconds=0.01,
+    ),
+}
+"""Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
+given on the command line win."""
+
+
+def env_family(env_id: str) -> str:
+    """'atari', 'classic_control' (gymnasium's CartPole, Acrobot, MountainCar...) or 'other'."""
+    import gymnasium
+
+    config = EnvConfig(env_id)  # registers the Atari ids; an unknown id raises ValueError here
+    if config.is_atari:
+        return "atari"
+    return "classic_control" if "classic_control" in str(gymnasium.spec(env_id).entry_point) else "other"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; a container's cpuset counts)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively (AMX or AVX512-BF16, from the flags of
+    ``/proc/cpuinfo``, or of the text given); elsewhere bf16 is emulated and slower than fp32."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    lines = cpuinfo.splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+@dataclass(frozen=True)
+class Plan:
+    cores: int
+    device: str
+    num_actors: int
+    num_workers: int
+    envs_per_worker: int
+    learner_threads: int
+    compile: bool
+    bf16: bool
+    pin: bool
+    epochs: int = 1
+    """APPO's passes over each batch (1 for IMPALA)"""
+
+
+def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None) -> Plan:
+    """The plan for ``args`` (bench.impala's ``Args``): its non-zero counts and its
+    ``on``/``off`` switches are kept, ``0`` and ``auto`` are chosen here. ``cores`` and
+    ``cpu_bf16`` default to this machine's."""
+    cores = usable_cores() if cores is None else cores
+    cpu_bf16 = cpu_has_bf16() if cpu_bf16 is None else cpu_bf16
+    cuda = args.device.startswith("cuda")
+    conv = args.model in ("shallow", "deep")
+    if cuda:
+        actors = max(1, cores // 8)
+        workers = max(1, (cores - 1 - actors) // actors)
+        threads = 1
+    elif conv:
+        actors = max(1, cores // 8)
+        workers = max(1, cores // (2 * actors)) if cores > 2 else max(1, cores)
+        threads = max(1, cores // 2)
+    else:
+        actors, workers, threads = min(cores, MLP_MAX_ACTORS), 2, 1
+    actors = args.num_actors or actors
+    workers = args.num_workers or workers
+    envs = args.envs_per_worker or (ENVS_PER_WORKER if conv or cuda else MLP_ENVS_PER_WORKER)
+    threads = args.learner_threads or threads
+    compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
+    bf16 = _switch(args.bf16, "bf16", conv and (cuda or cpu_bf16))
+    pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and cores >= 2)
+    epochs = 1
+    if getattr(args, "algo", "impala") == "appo":
+        epochs = getattr(args, "epochs", 0) or (APPO_EPOCHS_GPU if cuda else APPO_EPOCHS_CPU)
+    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin, epochs)
+
+
+def pinned_cpus(plan: Plan) -> tuple[list[int], list[int]] | None:
+    """(the learner's CPUs, the actors') where ``plan`` pins: the first ``learner_threads``
+    of this process's CPUs, at least one and leaving one; None when it does not or on one core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not plan.pin or len(cpus) < 2:
+        return None
+    n = min(max(1, plan.learner_threads), len(cpus) - 1)
+    return cpus[:n], cpus[n:]
+
+
+def _switch(value: str, name: str, default: bool) -> bool:
+    if value == AUTO:
+        return default
+    if value in ("on", "off"):
+        return value == "on"
+    raise ValueError(f"--{name} must be auto, on or off, got {value!r}")

@@ -1,0 +1,657 @@
+"""IMPALA (V-trace) on Atari with shmpad: the project's main job.
+
+    python -m bench.impala                                  # a short Pong run (about 2 minutes on 2 cores)
+    python -m bench.impala --env ALE/Breakout-v5 --total-frames 50_000_000 --model deep
+    python -m bench.impala --env CartPole-v1                # any gymnasium id; classic control gets its own defaults
+    python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000   # continue that run
+
+The program, in shmpad's Launchpad API:
+
+    actor/i  (one process each)  an EnvPool of forked env workers (observations written
+                                  straight into shared slots) + batched inference of the
+                                  policy; finished unrolls [T+1] go into the trajectory ring
+    trajectories                  a RingNode of typed [T+1, ...] slots (shared memory)
+    weights                       a WeightStoreNode: the learner publishes, actors pull
+    learner                       get_batch(B) -> [T+1, B] zero-copy tensors, V-trace,
+                                  one optimiser step, publish; logs, CSV, PNG, checkpoints
+
+Read top to bottom: ``Args``, the options (one field each); ``parse_args``, the command
+line with the env family's defaults; ``resolve``, the options turned once into the ``Job``
+every node gets (the env config, the learner config, the plan for this machine, the run
+folder); the actor node; the learner node; the program; ``main``.
+
+Every ``--log-interval`` seconds the learner prints one line: frames, frames/s, learner
+steps/s, the mean true return of the last 100 episodes, how full the trajectory ring is
+and the share of time the learner waited for data. ``--out`` (default: a new
+``runs/<env>-<date>-<time>``) gets ``config.json``, ``log.csv``, ``curve.png`` and
+``checkpoint.pt``; a run never writes into another run's folder. For a full Atari run use ``--total-frames 50_000_000``
+(or more), ``--model deep --last-action-reward --full-action-space`` and as many actors and workers
+as the machine has cores; ``--device cuda`` puts inference and the learner on a GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import shmpad as lp
+from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
+from bench.common.cli import explicit_options, parser_for
+from bench.impala import rundir
+from bench.impala.plan import ALGO_DEFAULTS, FAMILY_DEFAULTS, Plan, env_family, make_plan, pinned_cpus
+from bench.impala.progress import (
+    CSV_COLUMNS,
+    EPISODE_COLUMNS,
+    actor_counters,
+    actor_totals,
+    csv_header,
+    last_seconds,
+    plot,
+    progress,
+    progress_line,
+)
+from bench.impala.tensorboard import TensorBoardLog
+from bench.impala.usage import CHOICES, EXAMPLES, HELP_GROUPS, advice, summary
+from learners import Learner, LearnerConfig, make_model
+from shmpad import Closed, Timeout
+from shmpad.net.auth import load_token
+from shmpad.net.wire import parse_address
+
+
+@dataclass
+class Args:
+    env: str = "ALE/Pong-v5"
+    """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
+    model: str = "shallow"
+    """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
+    use_lstm: bool = False
+    """an LSTM core after the torso; each unroll carries the core state it started from"""
+    init: str = "torch"
+    """the network's initial weights: torch (each layer's default) or orthogonal (PPO's: gain sqrt(2), policy head 0.01, baseline head 1)"""
+    last_action_reward: bool = False
+    """feed the core/heads the previous action (one-hot) and the clipped reward, as torchbeast's and moolib's Atari nets do"""
+    total_frames: int = 200_000
+    """stop after this many environment frames (frame skip counted)"""
+    unroll_length: int = 20
+    """T: steps per unroll"""
+    batch_size: int = 32
+    """B: unrolls per learner update"""
+    num_actors: int = 0
+    """actor nodes, each with its own env workers and batched inference (0: from the plan)"""
+    num_workers: int = 0
+    """env worker processes per actor (0: from the plan)"""
+    envs_per_worker: int = 0
+    """environments each worker steps (0: from the plan, 16)"""
+    optimizer: str = "adam"
+    """the optimiser"""
+    learning_rate: float = 6e-4
+    """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
+    lr_decay_frames: int = 0
+    """frames over which the learning rate decays linearly to 0 (0: --total-frames); published IMPALA runs decay over 200M whatever they stop at"""
+    entropy_cost: float = 6e-4
+    """weight of the entropy bonus"""
+    baseline_cost: float = 0.5
+    """weight of the baseline loss"""
+    discount: float = 0.99
+    """gamma"""
+    reward_clip: float = 1.0
+    """clip rewards to [-c, c] for the learner (0: no clipping)"""
+    grad_norm_clip: float = 40.0
+    """clip the gradient norm (0: no clipping)"""
+    reduction: str = "mean"
+    """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
+    algo: str = "impala"
+    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs; unless given, learning rate 2.5e-4, entropy cost 0.01, gradient norm clip 0.5, V-trace lambda 0.95)"""
+    epochs: int = 0
+    """appo: passes over each batch (0: from the plan)"""
+    minibatches: int = 2
+    """appo: minibatches per pass, whole unrolls each (--batch-size must be a multiple)"""
+    clip: float = 0.1
+    """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
+    value_clip: float = 0.0
+    """appo: how far one batch's steps may move the baseline before its loss stops pulling (0: no clipping)"""
+    vtrace_lambda: float = 1.0
+    """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
+    full_action_space: bool = False
+    """Atari: all 18 actions instead of the game's minimal set"""
+    queue_slots: int = 0
+    """trajectory ring slots (0: 4 batches)"""
+    device: str = "cpu"
+    """where inference and the learner run"""
+    learner_threads: int = 0
+    """torch threads of the learner (0: from the plan; actors use 1)"""
+    compile: str = "auto"
+    """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
+    bf16: str = "auto"
+    """bf16 autocast in the learner (and on a CPU in the actors' inference): auto (on a GPU, and on a CPU with AVX512-BF16 or AMX), on, off"""
+    pin: str = "auto"
+    """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
+    publish_every: int = 1
+    """learner updates between two publishes of the weights to the actors"""
+    publish_seconds: float = 0.0
+    """publish the weights at the first update this many seconds after the last publish, instead of every --publish-every updates (0: off)"""
+    top: bool = False
+    """draw the live view of python -m shmpad.top (nodes, rings, weights, counters) at the bottom of this terminal while the progress lines scroll above it (needs a terminal and rich)"""
+    tensorboard: bool = False
+    """also write the progress rows, every loss and the policy lag as TensorBoard scalars into --out/tensorboard (pip install tensorboard)"""
+    seed: int = 0
+    """seeds every environment and the networks"""
+    out: str = ""
+    """folder for config.json, log.csv, curve.png and checkpoint.pt; unset: a new runs/<env>-<date>-<time> (with --resume: the newest run of --env)"""
+    log_interval: float = 5.0
+    """seconds between progress lines"""
+    checkpoint_minutes: float = 10.0
+    """minutes between checkpoints (also written at the end)"""
+    resume: bool = False
+    """continue the run in --out from its checkpoint, with its optimiser state (same env and model)"""
+    launch_type: str = "local_mp"
+    """shmpad launch type"""
+    peers: str = ""
+    """HOST:PORT of a broker (python -m shmpad.net.broker): this host's learner joins --group and averages gradients with the group's other learners; the token comes from $SHMPAD_TOKEN or --token-file"""
+    group: str = "impala"
+    """the broker group to train with (--peers)"""
+    peer_host: str = "127.0.0.1"
+    """address on which this learner listens for the group's other learners (--peers); loopback reaches only this host: give an address the other hosts can reach"""
+    token_file: str = ""
+    """file holding the group's shared token (--peers; default: $SHMPAD_TOKEN)"""
+    min_peers: int = 1
+    """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
+    virtual_batch_size: int = 0
+    """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
+    backend: str = "shmpad"
+    """--peers: what moves the gradients: shmpad (its TCP ring), gloo or nccl (a torch.distributed process group per member list), auto (nccl on CUDA, else the ring below 4 learners and gloo from 4)"""
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
+    """The job's settings as the command line gives them, the env family's defaults
+    (``bench/impala/plan.py``) filling in what it leaves out, checked. ``defaults``: a
+    benchmark's own values for options the command line leaves out, before the family's
+    (``bench.impala.throughput``'s short run)."""
+    parser = parser_for(Args, prog, __doc__.split("\n\n")[0], HELP_GROUPS, CHOICES, EXAMPLES)
+    args = Args(**vars(parser.parse_args(argv)))
+    try:
+        family = env_family(args.env)
+    except ValueError as e:
+        raise UsageError(f"--env: {e}") from None
+    given = explicit_options(parser, argv)
+    mine = {k: v for k, v in (defaults or {}).items() if k not in given}
+    args = dataclasses.replace(args, **mine)
+    given |= set(mine)
+    # an algorithm's defaults, then the env family's, under what the command line gave
+    family_defaults = {**ALGO_DEFAULTS.get(args.algo, {}), **FAMILY_DEFAULTS.get(family, {})}
+    args = dataclasses.replace(args, **{k: v for k, v in family_defaults.items() if k not in given})
+    if args.total_frames < 1:
+        parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    for name, n in dict(
+        num_actors=0,
+        num_workers=0,
+        envs_per_worker=0,
+        learner_threads=0,
+        publish_every=1,
+        publish_seconds=0,
+        epochs=0,
+        minibatches=1,
+        clip=0,
+        value_clip=0,
+        vtrace_lambda=0,
+    ).items():
+        if not getattr(args, name) >= n:
+            parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
+    if args.vtrace_lambda > 1:
+        parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
+    if args.algo == "appo" and args.batch_size % args.minibatches:
+        parser.error(
+            f"--batch-size ({args.batch_size}) must be a multiple of --minibatches ({args.minibatches}): "
+            "a minibatch is a whole number of unrolls"
+        )
+    if args.algo == "appo" and args.peers:
+        parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
+    if args.min_peers < 1:
+        parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
+    if args.peers:
+        try:
+            if args.peers != "env://":  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (shmpad.net.envcluster)
+                parse_address(args.peers)
+            load_token(token_file=args.token_file or None)
+        except (ValueError, lp.ShmpadError) as e:
+            parser.error(f"--peers {args.peers}: {e}")
+    if not args.out:
+        found = rundir.latest_run(args.env) if args.resume else None
+        if args.resume and found is None:
+            raise UsageError(f"--resume: no run of {args.env} under {rundir.RUNS}/ holds a checkpoint; give --out DIR")
+        args = dataclasses.replace(args, out=found or rundir.default_out(args.env))
+    return args
+
+
+class UsageError(Exception):
+    """A mistake found before launch; main prints its one-line message and exits with status 2."""
+
+
+# -- Args resolved once: what the nodes need ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerGroup:
+    """--peers: the broker group this host's learner trains with."""
+
+    broker: str
+    """--peers: HOST:PORT of the broker, or env://"""
+    name: str
+    """--group"""
+    host: str
+    """--peer-host: where this learner listens for the others"""
+    token_file: str
+    """--token-file ("": $SHMPAD_TOKEN)"""
+    virtual_batch_size: int
+    """--virtual-batch-size"""
+    min_size: int
+    """--min-peers"""
+    backend: str
+    """--backend: what moves the gradients"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """``Args`` resolved once (``resolve``), before launch: the values the nodes need,
+    pickled into every node and never changed there."""
+
+    env: EnvConfig
+    """the environment every actor steps"""
+    learner: LearnerConfig
+    """the loss, the optimiser, the learning-rate schedule and how often weights are published"""
+    plan: Plan
+    """actors x env workers x environments, learner threads, compiled, bf16, pinned"""
+    out: str
+    """the run folder: config.json, log.csv, episodes.csv, curve.png, checkpoint.pt"""
+    model: str
+    """the network: shallow, deep or mlp"""
+    init: str
+    """its initial weights: torch or orthogonal"""
+    use_lstm: bool
+    """an LSTM core after the torso"""
+    last_action_reward: bool
+    """the core and heads also see the previous action and the clipped reward"""
+    seed: int
+    """seeds every environment and the networks"""
+    device: str
+    """where inference and the learner run"""
+    unroll_length: int
+    """T: steps per unroll"""
+    queue_slots: int
+    """trajectory ring slots (--queue-slots, or 4 batches)"""
+    total_frames: int
+    """the learner stops after this many environment frames"""
+    log_interval: float
+    """seconds between progress lines"""
+    checkpoint_minutes: float
+    """minutes between checkpoints"""
+    resume: bool
+    """continue the run in ``out`` from its checkpoint"""
+    tensorboard: bool
+    """also write TensorBoard scalars into ``out``/tensorboard"""
+    group: PeerGroup | None
+    """the group this learner averages gradients with; None without --peers"""
+
+
+def resolve(args: Args, plan: Plan | None = None) -> Job:
+    """What the nodes need from ``args``; ``plan`` defaults to ``make_plan(args)`` for this machine."""
+    plan = make_plan(args) if plan is None else plan
+    env = EnvConfig(
+        args.env,
+        full_action_space=args.full_action_space,
+        reward_clip=None,  # the learner clips; episode returns stay true either way
+    )
+    learner = LearnerConfig(
+        batch_size=args.batch_size,
+        discount=args.discount,
+        reward_clip=args.reward_clip or None,
+        baseline_cost=args.baseline_cost,
+        entropy_cost=args.entropy_cost,
+        grad_norm_clip=args.grad_norm_clip or None,
+        optimizer=args.optimizer,
+        learning_rate=args.learning_rate,
+        reduction=args.reduction,
+        algo=args.algo,
+        epochs=plan.epochs,
+        minibatches=args.minibatches if args.algo == "appo" else 1,
+        clip=args.clip,
+        value_clip=args.value_clip or None,
+        vtrace_lambda=args.vtrace_lambda,
+        total_frames=args.lr_decay_frames or args.total_frames,
+        frames_per_step=frames_per_step(env),
+        publish_every=args.publish_every,
+        publish_seconds=args.publish_seconds,
+        compile=plan.compile,
+        bf16=plan.bf16,
+    )
+    group = None
+    if args.peers:
+        group = PeerGroup(
+            args.peers,
+            args.group,
+            args.peer_host,
+            args.token_file,
+            args.virtual_batch_size,
+            args.min_peers,
+            args.backend,
+        )
+    return Job(
+        env=env,
+        learner=learner,
+        plan=plan,
+        out=args.out,
+        model=args.model,
+        init=args.init,
+        use_lstm=args.use_lstm,
+        last_action_reward=args.last_action_reward,
+        seed=args.seed,
+        device=args.device,
+        unroll_length=args.unroll_length,
+        queue_slots=args.queue_slots or 4 * args.batch_size,
+        total_frames=args.total_frames,
+        log_interval=args.log_interval,
+        checkpoint_minutes=args.checkpoint_minutes,
+        resume=args.resume,
+        tensorboard=args.tensorboard,
+        group=group,
+    )
+
+
+def run_config(args: Args, plan: Plan) -> dict:
+    """config.json: every option, with the plan's choices in place of 0 and auto."""
+    return {
+        **dataclasses.asdict(args),
+        "num_actors": plan.num_actors,
+        "num_workers": plan.num_workers,
+        "envs_per_worker": plan.envs_per_worker,
+        "learner_threads": plan.learner_threads,
+        "compile": "on" if plan.compile else "off",
+        "bf16": "on" if plan.bf16 else "off",
+        "pin": "on" if plan.pin else "off",
+        "epochs": plan.epochs,
+    }
+
+
+def build_model(job: Job, obs_shape, num_actions: int):
+    torch.manual_seed(job.seed)
+    return make_model(
+        job.model,
+        obs_shape,
+        num_actions,
+        use_lstm=job.use_lstm,
+        last_action_reward=job.last_action_reward,
+        init=job.init,
+    )
+
+
+def core_state_shapes(model) -> list[tuple[int, ...]]:
+    """One environment's shape of each core state tensor: [layers, hidden] for an LSTM, none without."""
+    return [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]  # from [layers, 1, hidden]
+
+
+def act(model, obs):
+    return model(obs[None]).policy_logits[0]  # [B, A]
+
+
+def actor_policy(job: Job):
+    """How an actor runs its network: ``act``; None (``actors.BatchedInference`` steps it with its
+    core state, last action and reward) for an LSTM or ``--last-action-reward``."""
+    return None if job.use_lstm or job.last_action_reward else act
+
+
+def actor_bf16(job: Job) -> bool:
+    """Whether the actors infer under bf16 autocast: where the plan runs the learner in bf16
+    on the CPU (inference took 4.2-4.3 ms per batch of 16 Pong frames instead of 7.0-8.5,
+    docs/results/cpu-bf16; the heads stay fp32, see ``learners.models``). Not on a GPU,
+    where it was not measured."""
+    return job.plan.bf16 and job.device == "cpu"
+
+
+# -- the actor node ----------------------------------------------------------------------
+
+
+ACTOR_STATS_S = 0.5
+"""how often an actor reports its counters"""
+
+
+def use_cudnn_autotuner(job: Job) -> None:
+    """On a GPU, let cuDNN time its convolution algorithms once per shape and keep the fastest:
+    the actors' batches and the learner's unrolls never change shape (moolib does the same)."""
+    if job.device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = True
+
+
+def publish_counters(counters: dict[str, float]) -> None:
+    """An actor's counters, for the learner's progress line and ``python -m shmpad.top``."""
+    for name, value in counters.items():
+        lp.publish_counter(name, value)
+
+
+def run_actor(
+    job: Job, index: int, trajectories, weights, report: Callable[[dict[str, float]], None] = publish_counters
+) -> None:
+    """Step the env pool with batched inference, unrolls into ``trajectories``; every
+    ``ACTOR_STATS_S`` the counters (``actor_counters``) go to ``report``."""
+    torch.set_num_threads(1)
+    use_cudnn_autotuner(job)
+    plan = job.plan
+    pool = EnvPool(job.env, plan.num_workers, plan.envs_per_worker, seed=job.seed + 1_000_003 * index)
+    try:
+        model = build_model(job, pool.spec.obs_shape, pool.spec.num_actions)
+        writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
+        inference = BatchedInference(
+            pool,
+            model,
+            job.device,
+            writer,
+            weights,
+            seed=job.seed + index,
+            policy=actor_policy(job),
+            bf16=actor_bf16(job),
+        )
+        stop = lp.stop_event()
+        next_report = time.monotonic()
+        while not stop.is_set():
+            try:
+                inference.step(timeout=1.0)
+            except Timeout:
+                continue
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + ACTOR_STATS_S
+                report(actor_counters(pool, inference))
+    except Closed:
+        pass  # the program stopped: the trajectory ring was closed under us
+    finally:
+        pool.close()
+
+
+# -- the learner node --------------------------------------------------------------------
+
+
+def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) -> None:
+    torch.set_num_threads(job.plan.learner_threads)
+    use_cudnn_autotuner(job)
+    checkpoint = os.path.join(job.out, rundir.CHECKPOINT)
+    learner = Learner(
+        build_model(job, obs_shape, num_actions),
+        trajectories,
+        job.learner,
+        weights,
+        job.device,
+    )
+    seconds_before = 0.0
+    if job.resume and os.path.exists(checkpoint):
+        learner.load(checkpoint)
+        seconds_before = last_seconds(os.path.join(job.out, "log.csv"))
+    group = job.group
+    if group is not None:
+        token = load_token(token_file=group.token_file or None)
+        learner.join_group(
+            group.broker,
+            group.name,
+            host=group.host,
+            token=token,
+            virtual_batch_size=group.virtual_batch_size,
+            min_size=group.min_size,
+            backend=group.backend,
+        )
+        lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
+        print(f"joining group {group.name!r} at {group.broker} as {learner.accumulator.name}", flush=True)
+    log_path = os.path.join(job.out, "log.csv")
+    episodes_path = os.path.join(job.out, "episodes.csv")
+    new_log = not (job.resume and os.path.exists(log_path))
+    stop = lp.stop_event()
+    with open(log_path, "w" if new_log else "a", newline="") as f, open(episodes_path, "w" if new_log else "a") as ep:
+        # a resumed log keeps the columns it was started with
+        log = csv.DictWriter(f, CSV_COLUMNS if new_log else csv_header(log_path), extrasaction="ignore")
+        episodes = csv.writer(ep)
+        if new_log:
+            log.writeheader()
+            episodes.writerow(EPISODE_COLUMNS)
+        board = TensorBoardLog(os.path.join(job.out, "tensorboard")) if job.tensorboard else None
+        start = time.monotonic()
+        last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
+        last_checkpoint = start
+        while learner.frames < job.total_frames and not stop.is_set():
+            try:
+                learner.step(timeout=1.0)
+            except Timeout:
+                pass
+            episodes.writerows((learner.frames, r) for r in learner.new_returns)
+            learner.new_returns.clear()
+            now = time.monotonic()
+            if now - last["t"] >= job.log_interval or learner.frames >= job.total_frames:
+                row = progress(learner, trajectories, last, now, seconds_before + now - start, actor_totals())
+                log.writerow(row)
+                f.flush()
+                ep.flush()
+                print(progress_line(row), flush=True)
+                report(row, learner, board)
+            if now - last_checkpoint >= 60 * job.checkpoint_minutes:
+                learner.save(checkpoint)
+                last_checkpoint = now
+        learner.save(checkpoint)
+        if board is not None:
+            board.close()
+    if learner.accumulator is not None:
+        learner.accumulator.close()
+    plot(log_path, os.path.join(job.out, "curve.png"), job.env.env_id, episodes_path)
+    if learner.frames >= job.total_frames:
+        print(
+            f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(job.out, 'curve.png')}, {checkpoint}",
+            flush=True,
+        )
+    else:
+        print(f"stopped at {learner.frames:,} frames; saved {checkpoint}", flush=True)
+    lp.stop()
+
+
+def report(row: dict, learner: Learner, board: TensorBoardLog | None) -> None:
+    """The progress row beyond the CSV: counters for ``python -m shmpad.top`` and, with
+    --tensorboard, scalars (every loss term too)."""
+    for name in ("frames", "learner_steps", "mean_return", "policy_lag"):
+        if row.get(name, "") != "":
+            lp.publish_counter(name, float(row[name]))
+    if board is not None:
+        board.write({**row, **{f"loss_{k}": v for k, v in learner.statistics().last_loss.items()}})
+
+
+def build_program(
+    job: Job,
+    actor: Callable[..., None] = run_actor,
+    actor_args: tuple = (),
+    program: lp.Program | None = None,
+) -> lp.Program:
+    """The job's program (its nodes added to ``program`` where one is given). Each actor node
+    runs ``actor(job, index, trajectories, weights, *actor_args)``: ``run_actor``, or a
+    benchmark's wrapper of it that watches the actors (``bench.impala.throughput``)."""
+    spec = job.env.spec()  # also compiles the preprocessing kernels before the fork
+    if not spec.discrete:
+        raise SystemExit(f"bench.impala needs discrete actions; {job.env.env_id!r} has {spec.describe_actions()}")
+    model = build_model(job, spec.obs_shape, spec.num_actions)
+    traj = trajectory_spec(spec, job.unroll_length, core_state_shapes=core_state_shapes(model))
+    program = lp.Program("impala") if program is None else program
+    trajectories = program.add_node(lp.RingNode(job.queue_slots, spec=traj, multi=True), "trajectories")
+    weights = program.add_node(lp.WeightStoreNode(model), "weights")
+    with program.group("actor"):
+        for i in range(job.plan.num_actors):
+            program.add_node(lp.PyNode(actor, job, i, trajectories, weights, *actor_args))
+    program.add_node(
+        lp.PyNode(run_learner, job, spec.obs_shape, spec.num_actions, trajectories, weights),
+        "learner",
+    )
+    return program
+
+
+def local_resources(plan: Plan) -> dict[str, lp.PythonProcess]:
+    """Where the plan pins: the learner's group on the first ``learner_threads`` of this
+    process's cores, the actors' (their env workers inherit it) on the others."""
+    cpus = pinned_cpus(plan)
+    if cpus is None:
+        return {}
+    learner, actors = cpus
+    return {"learner": lp.PythonProcess(cpus=learner), "actor": lp.PythonProcess(cpus=actors)}
+
+
+IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space")
+"""the settings a checkpoint depends on: --resume refuses a run that differs in one"""
+
+
+def prepare_run(args: Args, job: Job) -> int | None:
+    """Check ``--out`` (and with ``--resume`` its checkpoint) before anything is launched,
+    then write ``config.json``. Returns the frames of the checkpoint resumed, if any."""
+    config = run_config(args, job.plan)
+    rundir.check(job.out, config, job.resume, IDENTITY)
+    frames = None
+    if job.resume:
+        spec = job.env.spec()
+        model = build_model(job, spec.obs_shape, spec.num_actions)
+        frames = rundir.check_checkpoint(job.out, model, f"--env {args.env} --model {args.model}")
+    rundir.write_config(job.out, config)
+    return frames
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        job = resolve(args)
+        frames = prepare_run(args, job)
+    except (UsageError, rundir.RunDirError) as e:
+        print(f"python -m bench.impala: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if frames is not None and frames >= args.total_frames:
+        print(
+            f"{args.out} is already at {frames:,} frames (--total-frames {args.total_frames:,}): "
+            "raise --total-frames to train on",
+            flush=True,
+        )
+        return 0
+    print(summary(args, job.plan), flush=True)
+    if frames is not None:
+        print(f"resuming {args.out} at {frames:,} frames", flush=True)
+    try:
+        program = build_program(job)
+        manager = lp.launch(
+            program, launch_type=args.launch_type, local_resources=local_resources(job.plan), top=args.top
+        )
+        manager.wait()
+    finally:
+        rundir.remove_temp_files(args.out)  # a learner killed mid-save (a second Ctrl+C) leaves one
+    frames = rundir.checkpoint_frames(args.out)
+    if frames is None or frames < args.total_frames:
+        if frames is None:
+            print("interrupted before the first checkpoint; nothing to resume", flush=True)
+        else:
+            print(f"interrupted at {frames:,} frames; continue with --resume --out {args.out}", flush=True)
+        return 130
+    tip = advice(args)
+    if tip:
+        print(tip, flush=True)
+    return 0

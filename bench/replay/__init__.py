@@ -1,0 +1,1 @@
+"""shmpad's replay tables against their peers: inserts/s and samples/s."""

@@ -1,0 +1,1 @@
+"""shmpad's rings side by side with their peers (multiprocessing.Queue, faster-fifo, ZeroMQ...)."""

@@ -1,0 +1,1 @@
+"""shmpad's courier calls on one host against bare transports and portal."""
