@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--virtual-batch-size", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--backend", default="shmpad")
+    parser.add_argument("--op-timeout", type=float, default=20.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(relativeCreated)d [{args.name}] %(message)s")
     torch.set_num_threads(1)
@@ -71,7 +72,7 @@ def main() -> None:
         name=args.name,
         host=args.host,
         virtual_batch_size=args.virtual_batch_size,
-        op_timeout=20.0,
+        op_timeout=args.op_timeout,
         backend=args.backend,
     )
     try:

@@ -227,18 +227,16 @@ def test_changes_that_come_together_make_one_list(start_broker):
 
 
 def test_sigkilled_peer_is_dropped_at_once(start_broker, clients):
-    broker = start_broker("--settle", "0.1", "--heartbeat", "1", "--timeout", "60")
+    broker = start_broker("--settle", "0.1", "--heartbeat", "1", "--timeout", "600")
     observer = clients(broker, "g", "observer")
     wait_names(observer, ["observer"])
     peer = spawn_peer(broker, "g", "victim", "victim:1")
     try:
         peer_sees(peer, {"observer@observer.example:7000", "victim@victim:1"})
         wait_names(observer, ["observer", "victim"])
-        killed = time.monotonic()
         kill_and_reap(peer)
-        wait_names(observer, ["observer"], timeout=10)
-        assert time.monotonic() - killed < 10, "dropped by the 60 s timeout, not at EOF"
-        assert "closed the connection" in broker.log_line("dropped 'victim'")
+        wait_names(observer, ["observer"], timeout=60)  # hang guard: the 600 s timeout is far off
+        assert "closed the connection" in broker.log_line("dropped 'victim'"), "dropped by the timeout, not at EOF"
     finally:
         kill_and_reap(peer)
 
@@ -251,8 +249,8 @@ def test_silent_peer_is_dropped_after_the_timeout(start_broker, clients):
     try:
         joined = time.monotonic()
         wait_names(observer, ["observer", "silent"])
-        wait_names(observer, ["observer"], timeout=10)
-        assert time.monotonic() - joined > 1.4
+        wait_names(observer, ["observer"], timeout=60)
+        assert time.monotonic() - joined > 1.4  # not before its timeout: load only delays the drop
         assert "sent nothing for 1.5 s" in broker.log_line("dropped 'silent'")
         assert observer.connected  # pinging members outlive the timeout
     finally:
@@ -520,12 +518,11 @@ def test_close_does_not_wait_for_a_mute_broker():
         client = GroupClient(listener.address, "g", "a", "a:1", token=TOKEN).start()
         assert joined.wait(10)
         waited: list = []
-        waiter = threading.Thread(target=lambda: waited.append(client.wait_membership(timeout=30)))
+        waiter = threading.Thread(target=lambda: waited.append(client.wait_membership(timeout=600)))
         waiter.start()
-        started = time.monotonic()
         client.close()
-        waiter.join(5)
-        assert time.monotonic() - started < 1.0 and waited == [None]
+        waiter.join(60)  # hang guard: only close() can end a 600 s wait this soon
+        assert not waiter.is_alive() and waited == [None]
         assert client.membership() is None and not client.connected
         client.close()  # idempotent
 
