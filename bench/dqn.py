@@ -3,7 +3,7 @@ a prioritized replay node, and a learner samples, updates priorities and publish
 
     python -m bench.dqn                 # train until the greedy policy averages >= 195
     python -m bench.dqn --num-actors 4 --max-seconds 300
-    python -m bench.dqn --lockstep --num-actors 1 --max-updates 4000   # as tests/test_dqn.py runs it
+    python -m bench.dqn --lockstep --num-actors 1 --max-updates 4000   # as tests/test_bench_dqn.py runs it
 
 The nodes (one process each under local_mp):
 

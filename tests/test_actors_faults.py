@@ -7,8 +7,8 @@ import os
 import signal
 import textwrap
 
-import actor_envs  # noqa: F401  (registers the misbehaving environments)
 import helpers
+import helpers.actor_envs  # noqa: F401  (registers the misbehaving environments)
 import numpy as np
 import pytest
 
@@ -97,7 +97,7 @@ def test_hung_worker_is_killed_with_its_stack(tmp_path, shm_leak_check):
             _drive(pool, 10)
         message = str(info.value)
         assert "made no progress for 1 s and was killed; its stack:" in message
-        assert "actor_envs.py" in message and "in step" in message  # where it hung
+        assert "helpers/actor_envs.py" in message and "in step" in message  # where it hung
         assert pool.closed
     finally:
         pool.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_vtrace import reference_vtrace
+from test_learners_vtrace import reference_vtrace
 
 from learners.loss import (
     ImpalaLoss,

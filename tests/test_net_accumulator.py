@@ -3,7 +3,7 @@ bit-identical weights after every step, a joining peer receives the group's stat
 before it contributes, a peer SIGKILLed mid-reduction costs the others a few seconds,
 and a restarted broker is rejoined.
 
-Each peer is ``tests/net_peer.py`` in a process of its own; it prints a JSON line
+Each peer is ``tests/helpers/net_peer.py`` in a process of its own; it prints a JSON line
 per step with a hash of its parameters, buffers and optimiser state. The guarantees
 are tested for both data planes: the shmpad ring and a gloo process group per epoch.
 """
@@ -19,9 +19,9 @@ import time
 import pytest
 import torch
 from helpers import track_pid, wait_until
-from net_procs import Broker as BrokerProcess
-from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
-from netns import netns  # noqa: F401 (a fixture)
+from helpers.net_procs import Broker as BrokerProcess
+from helpers.net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
+from helpers.netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
 from shmpad.net.envcluster import from_env
@@ -358,7 +358,7 @@ def free_port() -> int:
 
 
 def env_cluster_peer(port: int, rank: int, size: int):
-    """A ``Peer`` popen that starts ``tests/net_peer.py`` as rank ``rank`` of a torchrun-style cluster."""
+    """A ``Peer`` popen that starts ``tests/helpers/net_peer.py`` as rank ``rank`` of a torchrun-style cluster."""
 
     def popen(args, env, **pipes):
         cluster = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(size)}

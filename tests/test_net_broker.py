@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pytest
 import test_net_wire as attacks
 from helpers import kill_and_reap, read_line, start_session, track_pid, wait_until
-from netns import netns  # noqa: F401  (a fixture)
+from helpers.netns import netns  # noqa: F401  (a fixture)
 
 from shmpad.net import auth, wire
 from shmpad.net import broker as broker_module

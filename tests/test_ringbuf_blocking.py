@@ -11,7 +11,7 @@ import time
 
 import helpers
 import pytest
-from ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
+from helpers.ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
 
 from shmpad.errors import Closed, Timeout, WouldBlock
 from shmpad.ringbuf import blocking

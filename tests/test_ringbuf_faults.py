@@ -15,7 +15,7 @@ import helpers
 import numpy as np
 import pytest
 from helpers import FORK, Forked, make_message, parse_message
-from ring_workers import (
+from helpers.ring_workers import (
     CAPACITY,
     SLOT_SIZE,
     attach_and_consume,

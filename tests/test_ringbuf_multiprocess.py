@@ -19,7 +19,7 @@ import helpers
 import numpy as np
 import pytest
 from helpers import Forked, make_message, parse_message
-from ring_workers import CAPACITY, SLOT_SIZE, consume, produce, wait_while_progressing
+from helpers.ring_workers import CAPACITY, SLOT_SIZE, consume, produce, wait_while_progressing
 
 from shmpad.ringbuf import MPMCRing, SPSCRing
 

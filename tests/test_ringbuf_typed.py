@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import FORK, Forked
+from helpers.ring_workers import forked_children, rings_made_by
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ring_workers import forked_children, rings_made_by
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, Segment, SPSCRing, TypedRing

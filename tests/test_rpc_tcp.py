@@ -24,8 +24,8 @@ import cloudpickle
 import numpy as np
 import pytest
 from helpers import FORK, kill_pid, pid_alive, run_forked, start_session, track_pid, wait_until
-from test_rpc import CustomError
-from test_rpc import Service as SameHostService
+from test_rpc_shm import CustomError
+from test_rpc_shm import Service as SameHostService
 
 import shmpad as lp
 from shmpad import Timeout

@@ -1,7 +1,7 @@
 """One learner of a gradient-averaging group, for the multi-process tests: trains a
 small model on data of its own and prints one JSON line per event on stdout.
 
-    python tests/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
+    python tests/helpers/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
 
 Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "key", "plane"}`` after each
 optimiser step (hash: SHA-256 of every parameter, buffer and the optimiser's state),
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
 from shmpad.net.accumulator import Accumulator  # noqa: E402
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import MESSAGE_HEADER, Forked, make_message, parse_message
 
+from helpers import MESSAGE_HEADER, Forked, make_message, parse_message
 from shmpad.errors import Closed, WouldBlock
 from shmpad.ringbuf import MPMCRing, SPSCRing, layout, mpmc
 
@@ -83,7 +83,7 @@ def consume(ring, how: str, seed: int):
             elif how == "get":
                 record(ring.get(timeout=30))
                 ring.release()
-            elif how == "get_held":  # one consumer only: see test_rings_multiprocess.py
+            elif how == "get_held":  # one consumer only: see test_ringbuf_multiprocess.py
                 for _ in range(rng.randint(1, 3)):
                     views.append(ring.get(timeout=30))
                 for v in views:
