@@ -189,7 +189,7 @@ def test_remote_exception_has_type_message_and_traceback(client):
 
 
 def test_exceptions_and_results_that_cannot_travel(client):
-    with pytest.raises(RemoteError, match="test_rpc.Unpicklable: cannot travel") as info:
+    with pytest.raises(RemoteError, match=r"test_rpc_shm\.Unpicklable: cannot travel") as info:
         client.fail_unpicklable()
     assert "fail_unpicklable" in info.value.__cause__.tb
     with pytest.raises(RemoteError, match="could not pickle the result of the call"):

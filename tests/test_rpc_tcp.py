@@ -41,7 +41,7 @@ TOKEN = "net-rpc-test-token"
 
 
 class Service(SameHostService):
-    """test_rpc's service, and calls that need many in flight or big replies."""
+    """test_rpc_shm's service, and calls that need many in flight or big replies."""
 
     def __init__(self, parties: int = 16, meet_timeout: float = 20.0):
         super().__init__()
