@@ -184,12 +184,12 @@ def test_ctrl_c_twice_kills_at_once(tmp_path):
 def test_launcher_sigkill_leaves_no_orphans_and_no_segments(tmp_path):
     proc, pids = _start_and_get_pids(tmp_path, "--stubborn")
     launcher = proc.pid
-    assert wait_until(lambda: any(creator_pid_of(n) == launcher for n in shm_entries()), 5)
+    assert wait_until(lambda: any(creator_pid_of(n) == launcher for n in shm_entries()), 60)
     os.kill(launcher, signal.SIGKILL)
     proc.wait(10)
     # PDEATHSIG ends the nodes with the launcher; the 60 s bound is only a hang guard
     assert wait_until(lambda: not any(pid_alive(p) for p in pids), 60), "nodes outlived the launcher"
-    assert wait_until(lambda: not any(creator_pid_of(n) in pids | {launcher} for n in shm_entries()), 5)
+    assert wait_until(lambda: not any(creator_pid_of(n) in pids | {launcher} for n in shm_entries()), 60)
     proc.stdout.close()
     proc.stderr.close()
 

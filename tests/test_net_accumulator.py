@@ -237,11 +237,11 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
             thread_a = threading.Thread(target=lambda: ready.update(a=a.ready(timeout=60)))
             thread_a.start()
             forming_ab = lambda: a._forming is not None and len(a._group.membership().members) == 2  # noqa: E731
-            assert wait_until(forming_ab, 20), "a never started forming the ring of {a, b}"
+            assert wait_until(forming_ab, 60), "a never started forming the ring of {a, b}"
             c = make("c")
             thread_c = threading.Thread(target=lambda: ready.update(c=c.ready(timeout=60)))
             thread_c.start()
-            assert wait_until(lambda: b._group.membership() is not None and len(b._group.membership().members) == 3, 20)
+            assert wait_until(lambda: b._group.membership() is not None and len(b._group.membership().members) == 3, 60)
             ready["b"] = b.ready(timeout=60)  # b comes back from its busy spell
             thread_a.join(60)
             thread_c.join(60)

@@ -406,7 +406,7 @@ def meshes():
     yield make
     for m in made:
         m.close()
-    assert wait_until(lambda: threading.active_count() <= before, 5), f"threads left: {threading.enumerate()}"
+    assert wait_until(lambda: threading.active_count() <= before, 60), f"threads left: {threading.enumerate()}"
 
 
 def _form(meshes: list[Mesh], key: str, **kwargs) -> list[PeerRing]:
@@ -468,7 +468,7 @@ def test_a_neighbour_that_connects_before_ring_is_called_is_parked(meshes):
     rings: dict = {}
     early = threading.Thread(target=lambda: rings.update(a=a.ring("k", addresses, 0)))
     early.start()
-    assert wait_until(lambda: len(b._parked) == 1, 10), "rank 0's connection was not parked at rank 1"
+    assert wait_until(lambda: len(b._parked) == 1, 60), "rank 0's connection was not parked at rank 1"
     rings["b"] = b.ring("k", addresses, 1)
     early.join(DEADLINE_S)
     x, y = np.arange(7.0), np.ones(7)

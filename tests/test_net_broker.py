@@ -276,7 +276,7 @@ def test_rejoin_with_the_same_name_replaces(start_broker, clients):
             old.recv()
         newer = clients(broker, "g", "x", "newer:3")  # a live client that is replaced stops
         wait_for(observer, lambda m: m.members[1:] == (Member("x", "newer:3"),), "x at newer:3")
-        assert wait_until(lambda: not new.connected and "replaced" in (new.last_error or ""), 5)
+        assert wait_until(lambda: not new.connected and "replaced" in (new.last_error or ""), 60)
         started = time.monotonic()
         assert new.wait_membership(new.membership().key, timeout=0.3) is None  # blocks: nothing new comes
         assert time.monotonic() - started >= 0.3
@@ -395,7 +395,7 @@ def test_broker_killed_and_restarted_on_the_same_port(start_broker, clients):
     a, b = clients(broker, "g", "a"), clients(broker, "g", "b")
     old = wait_for(a, lambda m: set(m.names) == {"a", "b"}, "a list of a and b")
     kill_and_reap(broker.proc)
-    assert wait_until(lambda: not a.connected and not b.connected, 5)
+    assert wait_until(lambda: not a.connected and not b.connected, 60)
     restarted = start_broker("--port", str(broker.port), *FAST)
     assert restarted.address == broker.address
     for client in (a, b):
@@ -408,7 +408,7 @@ def test_broker_killed_and_restarted_on_the_same_port(start_broker, clients):
 def test_wrong_token_surfaces_and_the_client_keeps_trying(start_broker, clients):
     broker = start_broker(*FAST, token="another-token")
     client = clients(broker, "g", "a")
-    assert wait_until(lambda: client.last_error is not None, 5)
+    assert wait_until(lambda: client.last_error is not None, 60)
     assert "refused our token" in client.last_error and broker.address in client.last_error
     assert client.wait_membership(timeout=0.3) is None and not client.connected
     broker.log_line("wrong token")
@@ -425,7 +425,7 @@ def test_signal_stops_the_broker_cleanly(start_broker, clients, sig):
     wait_names(client, ["a"])
     assert broker.signal(sig) == 0
     assert f"stopping on {sig.name}" in broker.log()
-    assert wait_until(lambda: not client.connected, 5)
+    assert wait_until(lambda: not client.connected, 60)
 
 
 def test_binds_loopback_by_default(start_broker):
@@ -500,7 +500,7 @@ def test_listeners_get_every_new_list(caplog):
             with GroupClient(broker.address, "g", "b", "b:1", token=TOKEN):
                 wait_names(a, ["a", "b"])
             last = wait_names(a, ["a"])
-            assert wait_until(lambda: seen and seen[-1] is last, 5)  # listeners run after the list is stored
+            assert wait_until(lambda: seen and seen[-1] is last, 60)  # listeners run after the list is stored
             assert [m.names for m in seen] == [("a",), ("a", "b"), ("a",)]
             assert [m.epoch for m in seen] == [1, 2, 3]
         assert "membership listener" in caplog.text and "a listener that fails" in caplog.text
@@ -556,7 +556,7 @@ def test_an_unexpected_error_in_the_client_thread_reconnects(monkeypatch, caplog
     with broker_module.Broker(port=0, token=TOKEN, heartbeat_s=0.1, settle_s=0.05) as broker:
         with GroupClient(broker.address, "g", "a", "a:1", token=TOKEN, reconnect_max_s=0.2) as client:
             failed = "group client 'a' failed and reconnects: RuntimeError: a bug in the client"
-            assert wait_until(lambda: client.last_error == failed, 5), client.last_error
+            assert wait_until(lambda: client.last_error == failed, 60), client.last_error
             assert failed in caplog.text
             broken.clear()
             wait_names(client, ["a"])

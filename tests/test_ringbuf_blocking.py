@@ -236,8 +236,8 @@ def test_close_from_another_process_wakes_a_blocked_call(make_ring, op, message)
     child = helpers.Forked(_blocked_call, ring, op)
     try:
         counter = "waits_full" if full else "waits_empty"
-        assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) == 1, 10), f"{op} never waited"
-        assert helpers.wait_until(lambda: helpers.current_syscall(child.pid) == SYS_FUTEX, 10), "never slept"
+        assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) == 1, 60), f"{op} never waited"
+        assert helpers.wait_until(lambda: helpers.current_syscall(child.pid) == SYS_FUTEX, 60), "never slept"
         ring.close()
         outcome = child.result(60)  # hang guard: only the close can end a 600 s wait this soon
     finally:
@@ -249,12 +249,12 @@ def test_close_from_another_process_wakes_a_blocked_call(make_ring, op, message)
 
 
 def _put_when_waited_on(ring, counter: str) -> None:
-    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 10)
+    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 60)
     ring.put(b"late", timeout=10)
 
 
 def _get_when_waited_on(ring, counter: str) -> bytes:
-    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 10)
+    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 60)
     return ring.get_bytes(timeout=10)
 
 

@@ -79,7 +79,7 @@ def test_mpmc_producer_killed_between_claim_and_commit():
     with forked_children(ring, signal_r) as children:
         consumer = Forked(consume, ring, "get_bytes", 0, name="consumer")
         children.append(consumer)
-        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 60)
         victim = Forked(produce_then_claim, ring, 2, n_victim, signal_w, name="victim producer")
         children.append(victim)
         signal_w.close()
@@ -91,7 +91,7 @@ def test_mpmc_producer_killed_between_claim_and_commit():
             for i, how in enumerate(["put", "put_many_list"])
         ]
         children += live
-        assert helpers.wait_until(lambda: ring.statistics().size >= CAPACITY, 30), (
+        assert helpers.wait_until(lambda: ring.statistics().size >= CAPACITY, 60), (
             "the ring did not fill behind the claim"
         )
         assert not any(p.ready() for p in live), "the live producers finished past a held claim"
@@ -123,7 +123,7 @@ def test_mpmc_consumer_killed_holding_a_message():
         victim = Forked(take_and_hold, ring, 3, signal_w, name="victim consumer")
         children.append(victim)
         signal_w.close()
-        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 30)
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1, 60)
         consumers = [
             Forked(consume, ring, how, j, name=f"consumer {j}") for j, how in enumerate(["get_bytes", "get_many"])
         ]

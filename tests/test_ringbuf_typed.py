@@ -685,7 +685,7 @@ def test_close_wakes_a_get_batch_blocked_in_another_process(make_ring):
         ring.put(make_item(0, s))
     child = Forked(_wait_for_a_batch, ring, name="blocked reader")
     try:
-        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1 or child.ready(), 30), (
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= 1 or child.ready(), 60), (
             "the reader never waited"
         )
         assert ring.statistics().gets == 3  # it holds the 3 items and waits for 5 more
@@ -948,7 +948,7 @@ def test_writer_killed_between_reserve_and_commit_costs_one_item():
         live = Forked(_write, ring, 1, n_live, name="live writer")
         children.append(live)
         # The live writer fills every slot behind the claim (positions 4..15), then waits.
-        assert helpers.wait_until(lambda: ring.statistics().puts >= capacity - 1 or live.ready(), 30), (
+        assert helpers.wait_until(lambda: ring.statistics().puts >= capacity - 1 or live.ready(), 60), (
             "the live writer stalled"
         )
         if live.ready():

@@ -92,8 +92,8 @@ def no_leaks(monkeypatch):
     monkeypatch.delenv("SHMPAD_TRANSPORT", raising=False)
     sockets = _sockets()
     yield
-    assert wait_until(lambda: not _our_threads(), 5), f"threads left running: {_our_threads()}"
-    assert wait_until(lambda: _sockets() <= sockets, 5), f"{_sockets() - sockets} socket(s) left open"
+    assert wait_until(lambda: not _our_threads(), 60), f"threads left running: {_our_threads()}"
+    assert wait_until(lambda: _sockets() <= sockets, 60), f"{_sockets() - sockets} socket(s) left open"
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def log_line(caplog, text: str) -> str:
     def find():
         return next((r.getMessage() for r in caplog.records if text in r.getMessage()), None)
 
-    assert wait_until(lambda: find() is not None, 5), f"no log line with {text!r} in:\n{caplog.text}"
+    assert wait_until(lambda: find() is not None, 60), f"no log line with {text!r} in:\n{caplog.text}"
     return find()
 
 
@@ -207,7 +207,7 @@ def test_a_pipelining_client_is_held_to_twice_the_threads_in_flight():
         sent: list = []
         sender = threading.Thread(target=lambda: sent.extend(c.futures.echo(megabyte) for _ in range(60)))
         sender.start()  # its sends block once the socket buffers are full
-        assert wait_until(lambda: len(read) == 4, 5), read
+        assert wait_until(lambda: len(read) == 4, 60), read
         assert not wait_until(lambda: len(read) > 4, 0.5), f"the server read {len(read)} requests with 2 threads busy"
         service.gate.set()
         sender.join(30)
@@ -222,7 +222,7 @@ def test_closing_the_server_releases_a_connection_at_its_limit():
         with TcpRpcClient(srv.address) as c:
             read = _counting_reads(srv)
             waiting = [c.futures.wait_gate() for _ in range(3)]
-            assert wait_until(lambda: len(read) == 2, 5)
+            assert wait_until(lambda: len(read) == 2, 60)
             readers = [t for t in threading.enumerate() if t.name.startswith("shmpad-tcp-rpc-127.0.0.1")]
             assert len(readers) == 1
             srv.close(timeout=0.1)  # its handler is still blocked

@@ -161,7 +161,7 @@ def test_notify_wakes_sleepers_in_other_processes(event, n_waiters):
     try:
         for p in procs:
             p.start()
-        assert helpers.wait_until(lambda: words[ev + 1] == n_waiters, 10), "waiters did not announce themselves"
+        assert helpers.wait_until(lambda: words[ev + 1] == n_waiters, 60), "waiters did not announce themselves"
         # Every waiter asleep in the kernel, so that the wake-up, not the re-check, is tested.
         asleep = helpers.wait_until(lambda: all(_in_futex(p.pid) for p in procs), 10)
         assert asleep, f"not all waiters reached futex_wait: {[helpers.current_syscall(p.pid) for p in procs]}"
