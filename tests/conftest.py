@@ -7,9 +7,9 @@ the run. Tests that want the check per test use the ``shm_leak_check`` fixture.
 
 ``pytest --core`` runs the core's tests only: those that need neither torch nor
 gymnasium nor ale-py, for an install of shmpad without them (``.ci/core`` runs it on each
-Python). A test module is left out when its top-level imports (or those of the helper
-modules beside it that it imports) reach torch, gymnasium, ale_py, actors, learners or
-bench; a test that needs them only inside its body is marked ``rl``.
+Python). A test module is left out when its top-level imports (or those of the test and
+helper modules it imports, tests/helpers/ included) reach torch, gymnasium, ale_py, actors,
+learners or bench; a test that needs them only inside its body is marked ``rl``.
 """
 
 from __future__ import annotations
@@ -58,11 +58,24 @@ def needs_rl(path: pathlib.Path) -> bool:
             continue
         for name in names:
             root = name.split(".")[0]
-            if root in RL_PACKAGES or ((_TESTS / f"{root}.py").exists() and needs_rl(_TESTS / f"{root}.py")):
+            if root in RL_PACKAGES or any(needs_rl(path) for path in _local_modules(name)):
                 return True
             if root == "shmpad" and _shmpad_needs_rl(name):
                 return True
     return False
+
+
+def _local_modules(name: str) -> list[pathlib.Path]:
+    """The files under tests/ that importing ``name`` runs: ``helpers.net_procs`` runs
+    helpers/__init__.py and helpers/net_procs.py; ``test_rpc_shm`` runs test_rpc_shm.py."""
+    paths = []
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        base = _TESTS.joinpath(*parts[:i])
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.exists():
+                paths.append(path)
+    return paths
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,7 @@ gymnasium path's checks."""
 
 from __future__ import annotations
 
-import actor_envs  # noqa: F401  (registers the misbehaving environments)
+import helpers.actor_envs  # noqa: F401  (registers the misbehaving environments)
 import numpy as np
 import pytest
 from test_actors_resize import dense_area_resize

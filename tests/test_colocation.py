@@ -159,5 +159,5 @@ def test_process_colocation_children_stop_with_the_program():
     handlers = {ring.get_bytes(timeout=30) for _ in range(2)}
     manager.wait()
     assert handlers == {b"handler " + str(p).encode() for p in pids}
-    assert wait_until(lambda: not any(pid_alive(p) for p in pids), 5)
+    assert wait_until(lambda: not any(pid_alive(p) for p in pids), 60)
     assert manager.exit_codes() == {"colocated/0": 0}

@@ -272,9 +272,7 @@ def test_termination_notice_then_kill(capfd):
     program.add_node(lp.PyNode(ignores_stop, results), "stubborn")
     manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=0.5)
     pid = int(results.dereference().get_bytes(timeout=30))
-    t0 = time.monotonic()
     manager.stop_and_wait()
-    assert time.monotonic() - t0 < 10
     assert not pid_alive(pid)
     assert manager.exit_codes()["stubborn/0"] == -signal.SIGKILL
     assert "did not stop within the termination notice (0.5 s): ['stubborn/0']" in capfd.readouterr().err
@@ -527,10 +525,13 @@ def test_test_case_cleanup_stops_and_raises(launch_type, capfd):
     capfd.readouterr()
 
 
-def test_an_idle_program_does_not_burn_cpu():
+def test_an_idle_program_sleeps_in_the_kernel():
     """A courier server with no calls, a node blocked on an empty ring and one waiting
-    for stop sleep: together they use a few percent of a core, not one."""
-    from helpers import proc_cpu_seconds
+    for stop do not burn a core: every thread of each is asleep in the kernel, woken at
+    most by its polling slice (the ring's sleep chunk, the shortest any of them sleeps with)."""
+    from helpers import assert_idle
+
+    from shmpad.ringbuf.blocking import SLEEP_CHUNK_S
 
     program = lp.Program("idle")
     queue = program.add_node(lp.RingNode(4, slot_size=64), "queue")
@@ -539,13 +540,7 @@ def test_an_idle_program_does_not_burn_cpu():
     program.add_node(lp.PyNode(blocks_until_stop), "waiter")
     manager = lp.launch(program, launch_type="test_mp")
     try:
-        pids = list(manager.pids().values())
-        time.sleep(0.5)  # start-up (imports, first calls) is not idling
-        before = sum(proc_cpu_seconds(p) for p in pids)
-        t0 = time.monotonic()
-        time.sleep(2.0)
-        used = sum(proc_cpu_seconds(p) for p in pids) - before
-        assert used / (time.monotonic() - t0) < 0.10, f"idle nodes used {used:.2f} s of CPU in 2 s"
+        assert_idle(list(manager.pids().values()), slice_s=SLEEP_CHUNK_S)
     finally:
         manager.stop_and_wait()
 

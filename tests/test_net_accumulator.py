@@ -3,7 +3,7 @@ bit-identical weights after every step, a joining peer receives the group's stat
 before it contributes, a peer SIGKILLed mid-reduction costs the others a few seconds,
 and a restarted broker is rejoined.
 
-Each peer is ``tests/net_peer.py`` in a process of its own; it prints a JSON line
+Each peer is ``tests/helpers/net_peer.py`` in a process of its own; it prints a JSON line
 per step with a hash of its parameters, buffers and optimiser state. The guarantees
 are tested for both data planes: the shmpad ring and a gloo process group per epoch.
 """
@@ -19,9 +19,9 @@ import time
 import pytest
 import torch
 from helpers import track_pid, wait_until
-from net_procs import Broker as BrokerProcess
-from net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
-from netns import netns  # noqa: F401 (a fixture)
+from helpers.net_procs import Broker as BrokerProcess
+from helpers.net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
+from helpers.netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
 from shmpad.net.envcluster import from_env
@@ -64,20 +64,18 @@ def test_peers_hold_identical_weights_and_a_joiner_receives_the_state(procs, bac
 
 @pytest.mark.parametrize("backend", PLANES)
 def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs, backend):
-    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048", "--backend", backend)
+    """The peers' operations time out after 600 s, so going on within the 60 s hang guard
+    shows the survivors learned of the kill from its closed connections, not from a timeout."""
+    broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048", "--backend", backend, "--op-timeout", "600")
     victim, survivors = peers[0], peers[1:]
     victim.proc.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     for p in survivors:  # a reduction that starts now cannot finish without the victim
-        p.wait(lambda p: p.reduces and p.reduces[-1] > stopped, 30, "a reduction started after the stop")
-    time.sleep(0.2)  # they are blocked in it, not merely entering it
-    assert all(not p.steps or p.steps[-1]["t"] < stopped + 0.2 for p in survivors)
+        p.wait(lambda p: p.reduces and p.reduces[-1] > stopped, 60, "a reduction started after the stop")
     victim.proc.kill()
     killed = time.monotonic()
     for p in survivors:
-        p.wait(lambda p: len(p.steps_with(2, after=killed)) >= 3, 15, "3 steps in a group of 2 after the kill")
-    recovery = max(p.steps_with(2, after=killed)[0]["t"] for p in survivors) - killed
-    assert recovery < 10, f"the survivors took {recovery:.1f} s to go on"
+        p.wait(lambda p: len(p.steps_with(2, after=killed)) >= 3, 60, "3 steps in a group of 2 after the kill")
     for p in survivors:
         p.finish()
     assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
@@ -246,12 +244,12 @@ def test_a_virtual_batch_steps_once_enough_samples_were_summed():
 
 def test_a_group_change_while_a_ring_forms_is_not_waited_out():
     """a forms the ring of {a, b} while b is busy elsewhere; c joins. a must move on
-    to {a, b, c} at once, not wait out its 30 s timeout for a ring b will never form."""
+    to {a, b, c} at once, not wait out its 600 s timeout for a ring b will never form."""
     with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
 
         def make(name: str) -> Accumulator:
             return Accumulator(
-                torch.nn.Linear(2, 1), broker=broker.address, group="g", name=name, token="t", op_timeout=30.0
+                torch.nn.Linear(2, 1), broker=broker.address, group="g", name=name, token="t", op_timeout=600.0
             )
 
         a, b = make("a"), make("b")
@@ -260,18 +258,16 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
             thread_a = threading.Thread(target=lambda: ready.update(a=a.ready(timeout=60)))
             thread_a.start()
             forming_ab = lambda: a._forming is not None and len(a._group.membership().members) == 2  # noqa: E731
-            assert wait_until(forming_ab, 20), "a never started forming the ring of {a, b}"
+            assert wait_until(forming_ab, 60), "a never started forming the ring of {a, b}"
             c = make("c")
-            start = time.monotonic()
             thread_c = threading.Thread(target=lambda: ready.update(c=c.ready(timeout=60)))
             thread_c.start()
-            assert wait_until(lambda: b._group.membership() is not None and len(b._group.membership().members) == 3, 20)
+            assert wait_until(lambda: b._group.membership() is not None and len(b._group.membership().members) == 3, 60)
             ready["b"] = b.ready(timeout=60)  # b comes back from its busy spell
             thread_a.join(60)
             thread_c.join(60)
-            elapsed = time.monotonic() - start
+            # ready within its 60 s, not after the 600 s op_timeout: a moved on without waiting it out
             assert ready == {"a": True, "b": True, "c": True}
-            assert elapsed < 10, f"the group of 3 formed only after {elapsed:.1f} s"
             assert a.size == b.size == c.size == 3
         finally:
             for acc in (a, b):
@@ -383,7 +379,7 @@ def free_port() -> int:
 
 
 def env_cluster_peer(port: int, rank: int, size: int):
-    """A ``Peer`` popen that starts ``tests/net_peer.py`` as rank ``rank`` of a torchrun-style cluster."""
+    """A ``Peer`` popen that starts ``tests/helpers/net_peer.py`` as rank ``rank`` of a torchrun-style cluster."""
 
     def popen(args, env, **pipes):
         cluster = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(size)}

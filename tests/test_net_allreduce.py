@@ -319,15 +319,15 @@ def test_a_member_killed_mid_allreduce_abandons_the_others_promptly(size, victim
     with Group(size, _until_abandoned, count, victim, chunk_bytes=256 << 10) as group:
         dead = group.members[victim]
         dead.process.join(DEADLINE_S)
-        died = time.monotonic()
         assert dead.process.exitcode == -signal.SIGKILL
         for rank, member in enumerate(group.members):
             if rank == victim:
                 continue
-            report = member.result(10.0)
+            report = member.result(DEADLINE_S)
             assert report["done"] >= 1, report
-            assert report["t"] - died < 5.0, f"rank {rank} took {report['t'] - died:.1f} s to notice: {report['error']}"
             assert f"rank {rank} of {size}" in report["error"]
+            # noticed at the broken connection, not by the ring's timeout running out
+            assert "made no progress" not in report["error"], report
 
 
 def _silent_or_waiting(ring: PeerRing, go) -> dict:
@@ -338,7 +338,7 @@ def _silent_or_waiting(ring: PeerRing, go) -> dict:
     else:
         t0 = time.monotonic()
     try:
-        ring.allreduce(array, timeout=0.5 if ring.rank == 0 else 5.0)
+        ring.allreduce(array, timeout=0.5 if ring.rank == 0 else 600.0)
     except Abandoned as e:
         return {"waited": time.monotonic() - t0, "error": str(e)}
     return {"waited": time.monotonic() - t0, "error": None}
@@ -352,9 +352,10 @@ def test_a_silent_neighbour_times_out_and_the_failure_travels():
         second = group.members[1].result(DEADLINE_S)
     go_r.close()
     go_w.close()
-    assert 0.4 < first["waited"] < 3.0, first
+    assert first["waited"] > 0.4, first  # not before its timeout: load only delays it
     assert "made no progress for 0.5 s" in first["error"]
-    assert second["error"] is not None and second["waited"] < 3.0, second
+    # rank 1's own timeout is 600 s: what ended its wait is rank 0's failure, travelling
+    assert second["error"] is not None and "made no progress" not in second["error"], second
 
 
 def _closed_from_another_thread(ring: PeerRing) -> dict:
@@ -391,9 +392,9 @@ def _peer_closed(ring: PeerRing) -> bool:
 
 def test_close_from_another_thread_unblocks_and_propagates():
     first, second = run_group(2, _closed_from_another_thread)
-    assert first["error"] is not None and "the ring was closed" in first["error"], first
-    assert first["waited"] < 5.0
-    assert second["error"] is not None and second["waited"] < 5.0, second
+    assert first["error"] is not None and "the ring was closed" in first["error"], first  # its timeout is None
+    # noticed at the closed sockets, not by its timeout running out
+    assert second["error"] is not None and "made no progress" not in second["error"], second
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,7 +414,7 @@ def meshes():
     yield make
     for m in made:
         m.close()
-    assert wait_until(lambda: threading.active_count() <= before, 5), f"threads left: {threading.enumerate()}"
+    assert wait_until(lambda: threading.active_count() <= before, 60), f"threads left: {threading.enumerate()}"
 
 
 def _form(meshes: list[Mesh], key: str, **kwargs) -> list[PeerRing]:
@@ -475,7 +476,7 @@ def test_a_neighbour_that_connects_before_ring_is_called_is_parked(meshes):
     rings: dict = {}
     early = threading.Thread(target=lambda: rings.update(a=a.ring("k", addresses, 0)))
     early.start()
-    assert wait_until(lambda: len(b._parked) == 1, 10), "rank 0's connection was not parked at rank 1"
+    assert wait_until(lambda: len(b._parked) == 1, 60), "rank 0's connection was not parked at rank 1"
     rings["b"] = b.ring("k", addresses, 1)
     early.join(DEADLINE_S)
     x, y = np.arange(7.0), np.ones(7)
@@ -495,7 +496,7 @@ def test_forming_a_ring_with_an_unreachable_member_gives_up_in_time(meshes):
         t0 = time.monotonic()
         with pytest.raises(Abandoned, match="cannot reach rank 1"):
             a.ring("k", [a.address, f"127.0.0.1:{nobody.getsockname()[1]}"], 0, timeout=1.0)
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 60  # hang guard: it gives up rather than retrying for ever
 
 
 def test_closing_the_mesh_abandons_its_rings(meshes):
@@ -578,13 +579,11 @@ def test_a_ring_still_forming_is_abandoned_promptly(meshes, stage, how):
         a, b, c = meshes(3)
         addresses = [a.address, b.address, c.address]
         other, _ = _ring_in_thread(c, "k", addresses, 2, timeout=2)
-    thread, out = _ring_in_thread(a, "k", addresses, 0, timeout=30)
-    time.sleep(0.5)  # a is inside ring() by now (a slower start only shortens what is measured)
+    thread, out = _ring_in_thread(a, "k", addresses, 0, timeout=600)
+    time.sleep(0.5)  # a is inside ring() by now (a slower start only means it is woken before it waits)
     assert thread.is_alive()
-    start = time.monotonic()
     a.abandon("k", "the group changed") if how == "abandon" else a.close()
-    thread.join(10)
+    thread.join(60)  # hang guard: only the abandon or close can end a 600 s wait this soon
     assert not thread.is_alive() and "error" in out, out
-    assert time.monotonic() - start < 2, f"ring() took {time.monotonic() - start:.1f} s to notice"
     if other is not None:
         other.join(10)

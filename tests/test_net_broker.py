@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pytest
 import test_net_wire as attacks
 from helpers import kill_and_reap, read_line, start_session, track_pid, wait_until
-from netns import netns  # noqa: F401  (a fixture)
+from helpers.netns import netns  # noqa: F401  (a fixture)
 
 from shmpad.net import auth, wire
 from shmpad.net import broker as broker_module
@@ -227,18 +227,16 @@ def test_changes_that_come_together_make_one_list(start_broker):
 
 
 def test_sigkilled_peer_is_dropped_at_once(start_broker, clients):
-    broker = start_broker("--settle", "0.1", "--heartbeat", "1", "--timeout", "60")
+    broker = start_broker("--settle", "0.1", "--heartbeat", "1", "--timeout", "600")
     observer = clients(broker, "g", "observer")
     wait_names(observer, ["observer"])
     peer = spawn_peer(broker, "g", "victim", "victim:1")
     try:
         peer_sees(peer, {"observer@observer.example:7000", "victim@victim:1"})
         wait_names(observer, ["observer", "victim"])
-        killed = time.monotonic()
         kill_and_reap(peer)
-        wait_names(observer, ["observer"], timeout=10)
-        assert time.monotonic() - killed < 10, "dropped by the 60 s timeout, not at EOF"
-        assert "closed the connection" in broker.log_line("dropped 'victim'")
+        wait_names(observer, ["observer"], timeout=60)  # hang guard: the 600 s timeout is far off
+        assert "closed the connection" in broker.log_line("dropped 'victim'"), "dropped by the timeout, not at EOF"
     finally:
         kill_and_reap(peer)
 
@@ -251,8 +249,8 @@ def test_silent_peer_is_dropped_after_the_timeout(start_broker, clients):
     try:
         joined = time.monotonic()
         wait_names(observer, ["observer", "silent"])
-        wait_names(observer, ["observer"], timeout=10)
-        assert time.monotonic() - joined > 1.4
+        wait_names(observer, ["observer"], timeout=60)
+        assert time.monotonic() - joined > 1.4  # not before its timeout: load only delays the drop
         assert "sent nothing for 1.5 s" in broker.log_line("dropped 'silent'")
         assert observer.connected  # pinging members outlive the timeout
     finally:
@@ -278,7 +276,7 @@ def test_rejoin_with_the_same_name_replaces(start_broker, clients):
             old.recv()
         newer = clients(broker, "g", "x", "newer:3")  # a live client that is replaced stops
         wait_for(observer, lambda m: m.members[1:] == (Member("x", "newer:3"),), "x at newer:3")
-        assert wait_until(lambda: not new.connected and "replaced" in (new.last_error or ""), 5)
+        assert wait_until(lambda: not new.connected and "replaced" in (new.last_error or ""), 60)
         started = time.monotonic()
         assert new.wait_membership(new.membership().key, timeout=0.3) is None  # blocks: nothing new comes
         assert time.monotonic() - started >= 0.3
@@ -397,7 +395,7 @@ def test_broker_killed_and_restarted_on_the_same_port(start_broker, clients):
     a, b = clients(broker, "g", "a"), clients(broker, "g", "b")
     old = wait_for(a, lambda m: set(m.names) == {"a", "b"}, "a list of a and b")
     kill_and_reap(broker.proc)
-    assert wait_until(lambda: not a.connected and not b.connected, 5)
+    assert wait_until(lambda: not a.connected and not b.connected, 60)
     restarted = start_broker("--port", str(broker.port), *FAST)
     assert restarted.address == broker.address
     for client in (a, b):
@@ -410,7 +408,7 @@ def test_broker_killed_and_restarted_on_the_same_port(start_broker, clients):
 def test_wrong_token_surfaces_and_the_client_keeps_trying(start_broker, clients):
     broker = start_broker(*FAST, token="another-token")
     client = clients(broker, "g", "a")
-    assert wait_until(lambda: client.last_error is not None, 5)
+    assert wait_until(lambda: client.last_error is not None, 60)
     assert "refused our token" in client.last_error and broker.address in client.last_error
     assert client.wait_membership(timeout=0.3) is None and not client.connected
     broker.log_line("wrong token")
@@ -427,7 +425,7 @@ def test_signal_stops_the_broker_cleanly(start_broker, clients, sig):
     wait_names(client, ["a"])
     assert broker.signal(sig) == 0
     assert f"stopping on {sig.name}" in broker.log()
-    assert wait_until(lambda: not client.connected, 5)
+    assert wait_until(lambda: not client.connected, 60)
 
 
 def test_binds_loopback_by_default(start_broker):
@@ -502,7 +500,7 @@ def test_listeners_get_every_new_list(caplog):
             with GroupClient(broker.address, "g", "b", "b:1", token=TOKEN):
                 wait_names(a, ["a", "b"])
             last = wait_names(a, ["a"])
-            assert wait_until(lambda: seen and seen[-1] is last, 5)  # listeners run after the list is stored
+            assert wait_until(lambda: seen and seen[-1] is last, 60)  # listeners run after the list is stored
             assert [m.names for m in seen] == [("a",), ("a", "b"), ("a",)]
             assert [m.epoch for m in seen] == [1, 2, 3]
         assert "membership listener" in caplog.text and "a listener that fails" in caplog.text
@@ -520,12 +518,11 @@ def test_close_does_not_wait_for_a_mute_broker():
         client = GroupClient(listener.address, "g", "a", "a:1", token=TOKEN).start()
         assert joined.wait(10)
         waited: list = []
-        waiter = threading.Thread(target=lambda: waited.append(client.wait_membership(timeout=30)))
+        waiter = threading.Thread(target=lambda: waited.append(client.wait_membership(timeout=600)))
         waiter.start()
-        started = time.monotonic()
         client.close()
-        waiter.join(5)
-        assert time.monotonic() - started < 1.0 and waited == [None]
+        waiter.join(60)  # hang guard: only close() can end a 600 s wait this soon
+        assert not waiter.is_alive() and waited == [None]
         assert client.membership() is None and not client.connected
         client.close()  # idempotent
 
@@ -559,7 +556,7 @@ def test_an_unexpected_error_in_the_client_thread_reconnects(monkeypatch, caplog
     with broker_module.Broker(port=0, token=TOKEN, heartbeat_s=0.1, settle_s=0.05) as broker:
         with GroupClient(broker.address, "g", "a", "a:1", token=TOKEN, reconnect_max_s=0.2) as client:
             failed = "group client 'a' failed and reconnects: RuntimeError: a bug in the client"
-            assert wait_until(lambda: client.last_error == failed, 5), client.last_error
+            assert wait_until(lambda: client.last_error == failed, 60), client.last_error
             assert failed in caplog.text
             broken.clear()
             wait_names(client, ["a"])

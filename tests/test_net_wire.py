@@ -13,7 +13,6 @@ import pickle
 import queue
 import socket
 import threading
-import time
 
 import pytest
 from helpers import wait_until
@@ -283,7 +282,7 @@ def test_a_silent_client_frees_its_slot_after_the_server_deadline(listener, logs
             assert not _was_refused(sock)
             log_line(logs, "no complete handshake within 0.3 s", sock.getsockname()[1])
             _drain_until_closed(sock)
-        assert wait_until(lambda: not lst._handshakes, 5)
+        assert wait_until(lambda: not lst._handshakes, 60)
         with _idle_socket(lst.address, "127.0.0.2") as sock:  # the slot is free again
             assert not _was_refused(sock)
 
@@ -469,18 +468,18 @@ def test_pickle_frames_carry_an_integrity_tag_checked_before_decoding():
                     receiver.recv()
 
 
-def test_sockets_trickling_bytes_cannot_keep_members_out(listener):
+def test_sockets_trickling_bytes_cannot_keep_members_out(listener, caplog):
     """Slowloris from the members' own address: 40 sockets each trickle a byte of the
-    hello every 0.5 s (the attack stops by itself after 8 s). A member connecting
-    meanwhile gets in at once: a handshake pending for EVICT_AFTER_S is evicted to make
-    room, and an honest one takes milliseconds."""
+    hello every 0.5 s, for as long as the test runs. A member connecting meanwhile gets in
+    while the attack still holds every handshake slot: a handshake pending for
+    EVICT_AFTER_S is evicted to make room (the listener logs each eviction)."""
+    caplog.set_level(logging.WARNING, logger="shmpad.net")
     host, port = listener.address.rsplit(":", 1)
     stop = threading.Event()
     attackers: list[socket.socket] = []
 
     def trickle() -> None:
-        deadline = time.monotonic() + 8.0
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.is_set():
             for sock in list(attackers):
                 try:
                     sock.send(b"S")
@@ -499,11 +498,10 @@ def test_sockets_trickling_bytes_cannot_keep_members_out(listener):
         stop.wait(auth.EVICT_AFTER_S + 0.2)  # the attack established: its sockets are past the eviction age
         for i in range(5):
             stop.wait(0.3)
-            started = time.monotonic()
-            with auth.connect(listener.address, TOKEN, timeout=5) as conn:
+            with auth.connect(listener.address, TOKEN, timeout=60) as conn:  # 60 s: a hang guard
                 conn.send_json({"member": i})
                 assert conn.recv_json() == {"echo": {"member": i}}
-            assert time.monotonic() - started < 2.0
+        assert "evicted a handshake" in caplog.text, "the members got in without evicting the attack"
     finally:
         stop.set()
         thread.join(10)

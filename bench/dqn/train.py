@@ -3,6 +3,7 @@ a prioritized replay node, and a learner samples, updates priorities and publish
 
     python -m bench.dqn                 # train until the greedy policy averages >= 195
     python -m bench.dqn --num-actors 4 --max-seconds 300
+    python -m bench.dqn --lockstep --num-actors 1 --max-updates 4000   # as tests/test_bench_dqn.py runs it
 
 The nodes (one process each under local_mp):
 
@@ -15,7 +16,16 @@ The nodes (one process each under local_mp):
 The learner evaluates the greedy policy every --eval-every updates over 20 episodes; once
 their mean return reaches --target it runs 20 fresh episodes (other seeds); if their mean
 reaches it too, it prints ``final evaluation: ...`` with that mean and stops the program
-(exit status 0); otherwise training goes on, until --max-seconds (exit status 1).
+(exit status 0); otherwise training goes on, until --max-seconds or --max-updates (exit status 1).
+
+How the actors and the learner interleave decides what each update samples from and which
+weights each action uses. --lockstep takes the scheduler out of it (one actor): the learner's
+update u samples once the table holds exactly ``learning_starts + u / updates_per_step``
+transitions, and the actor's next step waits for the weights that update publishes, so the
+policy lag and the table's contents at each update are the same on any machine, however
+loaded. The replay draws are still the learner process's own (a replay node's client
+attaches its tables unseeded), so two runs differ by those draws alone. It is slower (the
+two take turns); tests use it.
 """
 
 from __future__ import annotations
@@ -45,6 +55,10 @@ class Args:
     """actor nodes; the policy server batches their calls"""
     max_seconds: float = 90.0
     """give up (exit status 1) if the target is not reached by then"""
+    max_updates: int = 0
+    """give up (exit status 1) if the target is not reached after this many learner updates (0: no bound)"""
+    lockstep: bool = False
+    """run the actor and the learner in turns, so that the scheduler decides nothing (one actor; slower)"""
     target: float = 195.0
     """mean greedy return over 20 episodes that counts as solved"""
     seed: int = 1
@@ -109,12 +123,30 @@ class PolicyServer:
         return np.where(explore, self._rng.integers(0, self._net[-1].out_features, len(greedy)), greedy)
 
 
+def steps_per_update(args: Args) -> int:
+    """Environment steps per learner update, which --lockstep needs to be a whole number."""
+    steps = round(1 / args.updates_per_step)
+    if abs(steps * args.updates_per_step - 1) > 1e-9:
+        raise ValueError(f"--lockstep needs 1 / updates_per_step to be a whole number, got {args.updates_per_step}")
+    return steps
+
+
+def updates_before_step(args: Args, step: int) -> int:
+    """In lock step, the updates the learner has made before the actor takes step ``step``
+    (0-based): update u samples once ``learning_starts + u * steps_per_update`` transitions
+    are in, so the step that inserts the transition after those waits for it."""
+    if step < args.learning_starts:
+        return 0
+    return (step - args.learning_starts) // steps_per_update(args) + 1
+
+
 class Actor:
-    def __init__(self, index: int, args: Args, policy, replay_client) -> None:
+    def __init__(self, index: int, args: Args, policy, replay_client, weights) -> None:
         self._index = index
         self._args = args
         self._policy = policy
         self._replay = replay_client
+        self._weights = weights
 
     def run(self) -> None:
         args = self._args
@@ -122,6 +154,8 @@ class Actor:
         obs, _ = env.reset(seed=args.seed * 1000 + self._index)
         steps = 0
         while not lp.wait_for_stop(0):
+            if args.lockstep and not self._wait_for_learner(steps):
+                continue  # look at stop again
             shared_steps = steps * args.num_actors
             epsilon = max(0.05, 1.0 - 0.95 * shared_steps / args.epsilon_steps)
             action = int(self._policy.select_action(obs.astype(np.float32), epsilon))
@@ -138,6 +172,15 @@ class Actor:
             if terminated or truncated:
                 obs, _ = env.reset()
         env.close()
+
+    def _wait_for_learner(self, step: int) -> bool:
+        """Whether the learner has published the weights of every update it makes before
+        ``step`` (version 1 is its initial publish, version 1 + u the one after update u)."""
+        want = updates_before_step(self._args, step) + 1
+        try:
+            return self._weights.wait_for_version(want - 1, timeout=1.0) >= want
+        except lp.Timeout:
+            return False
 
 
 def evaluate(net: nn.Module, env_id: str, seeds: range) -> np.ndarray:
@@ -178,8 +221,10 @@ class Learner:
         updates = 0
         evals = []
         while True:
-            if time.monotonic() - self._started > args.max_seconds:
+            if time.monotonic() - self._started > args.max_seconds or updates == args.max_updates > 0:
                 return self._finish(q, updates, evals)
+            if args.lockstep and not self._wait_for_inserts(updates):
+                continue  # look at the bounds again
             try:
                 batch = self._replay.sample("replay", args.batch_size, timeout=1.0)
             except lp.Timeout:
@@ -202,7 +247,7 @@ class Learner:
             updates += 1
             if updates % args.target_every == 0:
                 q_target.load_state_dict(q.state_dict())
-            if updates % args.publish_every == 0:
+            if args.lockstep or updates % args.publish_every == 0:  # in lock step the actor waits for each
                 self._weights.publish(q.state_dict())
             if updates % args.eval_every == 0:
                 mean = float(evaluate(q, args.env, range(10_000, 10_000 + EVAL_EPISODES)).mean())
@@ -213,6 +258,17 @@ class Learner:
                     print(f"updates {updates}  confirmation: greedy mean return {final.mean():.1f}", flush=True)
                     if final.mean() >= args.target:
                         return self._finish(q, updates, evals, final)
+
+    def _wait_for_inserts(self, updates: int) -> bool:
+        """Whether the table holds the transitions update ``updates`` samples from in lock
+        step (the actor inserts no more until that update's weights are out)."""
+        want = self._args.learning_starts + updates * steps_per_update(self._args)
+        deadline = time.monotonic() + 1.0
+        while self._replay.info()["replay"].inserts < want:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0002)  # the actor takes a step or two meanwhile: a short poll, not a spin
+        return True
 
     def _finish(self, q: nn.Module, updates: int, evals: list, final: np.ndarray | None = None) -> None:
         args = self._args
@@ -261,7 +317,7 @@ def make_program(args: Args) -> lp.Program:
     policy = program.add_node(lp.CourierNode(PolicyServer, args, weights), "policy")
     with program.group("actor"):
         for i in range(args.num_actors):
-            program.add_node(lp.PyClassNode(Actor, i, args, policy, buffer))
+            program.add_node(lp.PyClassNode(Actor, i, args, policy, buffer, weights))
     program.add_node(lp.PyClassNode(Learner, args, buffer, weights, time.monotonic()), "learner")
     return program
 
@@ -269,6 +325,12 @@ def make_program(args: Args) -> lp.Program:
 def main(argv: list[str] | None = None) -> int:
     ns = parser_for(Args, "python -m bench.dqn", __doc__.split("\n\n")[0]).parse_args(argv)
     args = Args(**vars(ns))
+    if args.lockstep:
+        if args.num_actors != 1:
+            raise SystemExit(
+                f"--lockstep runs one actor (the order of several would be the scheduler's), got --num-actors {args.num_actors}"
+            )
+        steps_per_update(args)
     started = time.monotonic()
     program = make_program(args)
     lp.launch(program, launch_type="local_mp").wait()

@@ -97,7 +97,7 @@ ALGO_DEFAULTS = {
 options given on the command line win over them."""
 
 FAMILY_DEFAULTS = {
-    # tests/test_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
+    # tests/test_bench_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
     "classic_control": dict(
         model="mlp",
         total_frames=750_000,
@@ -108,7 +108,7 @@ FAMILY_DEFAULTS = {
         # The MLP's update takes about 2 ms: publishing after every one cost the learner fed from the
         # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of
         # bench.impala.throughput's two learner subjects, bench.impala.learner_cost, run from a script
-        # not kept). Every 10 ms, 5 runs of tests/test_impala.py's CartPole job each way scored
+        # not kept). Every 10 ms, 5 runs of tests/test_bench_impala.py's CartPole job each way scored
         # 491-500 against 482-500, with a policy lag of 1.8 updates against 0.9-1.4.
         publish_seconds=0.01,
     ),

@@ -20,7 +20,7 @@ exits), and Python 3.12+ warns about any fork in a multi-threaded process
 deadlocks in the child``). The warning does not fit: the child runs only Python, whose
 own locks (GIL, import lock, ``threading``, ``logging``) CPython resets after a fork, and
 the native thread pools that could hold a lock across it are taken care of (numba's
-fork-safe layer, below; torch's pool is tested in ``tests/test_supervision.py``). That one
+fork-safe layer, below; torch's pool is tested in ``tests/test_launch_supervision.py``). That one
 warning, raised by this module's ``os.fork``, is silenced; every other warning stays.
 """
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import kill_and_reap, run_command, start_session, track_pid
-from net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
+from helpers.net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
 
 from learners import make_model
 

@@ -2,9 +2,9 @@
 bytes-like type, bad input and its exact messages, held views, attach and pickle, and
 regressions for the bugs these tests found.
 
-Waiting, timeouts, close and the wait counters are in test_rings_blocking.py, random
-call sequences in test_rings_props.py, many processes in test_rings_multiprocess.py,
-SIGKILLed processes in test_rings_faults.py.
+Waiting, timeouts, close and the wait counters are in test_ringbuf_blocking.py, random
+call sequences in test_ringbuf_props.py, many processes in test_ringbuf_multiprocess.py,
+SIGKILLed processes in test_ringbuf_faults.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import helpers
 import numpy as np
 import pytest
-from ring_workers import drain, make_ring, ring_cls  # noqa: F401 - fixtures
+from helpers.ring_workers import drain, make_ring, ring_cls  # noqa: F401 - fixtures
 
 from shmpad.errors import Closed, SegmentError, Timeout, WouldBlock
 from shmpad.ringbuf import MPMCRing, SPSCRing, mpmc

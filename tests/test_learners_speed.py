@@ -21,7 +21,7 @@ from learners.transfer import HISTORY, BatchStager, WeightPublisher
 from shmpad import WouldBlock
 from shmpad.ringbuf import TypedRing
 from shmpad.weights import WeightStore
-from tests.test_learner import OBS, A, B, T, _fill, _spec
+from tests.test_learners_learner import OBS, A, B, T, _fill, _spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

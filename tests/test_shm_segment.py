@@ -376,7 +376,7 @@ def test_forked_child_keeps_the_segment_until_it_dies_too(shm_leak_check):
         _assert_stays(names, STILL_THERE_FOR)
 
         helpers.kill_pid(child)
-        assert helpers.wait_until(lambda: not helpers.pid_alive(child), 10)
+        assert helpers.wait_until(lambda: not helpers.pid_alive(child), 60)
         assert helpers.wait_until(lambda: not any(map(helpers.shm_exists, names)), JANITOR_DEADLINE)
     finally:
         if child is not None:
@@ -421,7 +421,7 @@ def test_child_forked_before_the_first_segment_keeps_it_too(shm_leak_check):
         _assert_stays([name], STILL_THERE_FOR)
 
         helpers.kill_pid(child)
-        assert helpers.wait_until(lambda: not helpers.pid_alive(child), 10)
+        assert helpers.wait_until(lambda: not helpers.pid_alive(child), 60)
         assert helpers.wait_until(lambda: not helpers.shm_exists(name), JANITOR_DEADLINE)
     finally:
         if child is not None:

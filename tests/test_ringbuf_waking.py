@@ -134,7 +134,7 @@ def test_a_producer_asleep_on_a_full_ring_gets_a_slot_freed_mid_batch(full_ring)
     ring = full_ring(8)
     producer = Forked(_put_one, ring, name="producer")
     try:
-        assert helpers.wait_until(lambda: ring.statistics().waits_full >= 1, 30), "the producer never waited"
+        assert helpers.wait_until(lambda: ring.statistics().waits_full >= 1, 60), "the producer never waited"
         assert ring.get_bytes() == b"0"
         assert producer.result(30) is True
     finally:

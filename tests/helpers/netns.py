@@ -27,8 +27,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-import helpers
 import pytest
+
+import helpers
 
 LOCK_PATH = "/tmp/shmpad-netns.lock"
 NS_PATTERN = re.compile(r"^shmpad-(\d+)-(\d+)\b")

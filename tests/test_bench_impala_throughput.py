@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from test_impala import run_bench_status
+from test_bench_impala import run_bench_status
 
 TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 5 --total-frames 3000 --compile off --learner-threads 1".split()
 

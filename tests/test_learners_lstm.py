@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from test_impala import read_log, run_bench
+from test_bench_impala import read_log, run_bench
 
 from actors import EnvConfig, EnvPool
 from actors.inference import BatchedInference

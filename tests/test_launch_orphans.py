@@ -104,7 +104,7 @@ _LAUNCHER = """
 import sys
 import shmpad as lp
 sys.path.insert(0, {tests!r})
-from test_orphans import waits
+from test_launch_orphans import waits
 program = lp.Program("orphans")
 program.add_node(lp.PyNode(waits, {pid_file!r}), "node")
 lp.launch(program, launch_type="local_mp").wait()

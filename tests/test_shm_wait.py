@@ -16,6 +16,7 @@ from shmpad.shm.wait import finish_wait, futex_wake, notify, notify_always, prep
 
 MS = 1_000_000
 SECOND = 1_000_000_000
+LONG = 600 * SECOND  # a timeout no test waits out: returning within a 60 s hang guard proves it was not
 SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}[platform.machine().lower()]
 
 _fork = multiprocessing.get_context("fork")
@@ -71,7 +72,7 @@ def test_sleep_times_out(event):
     elapsed = time.monotonic() - t0
     finish_wait(words, ev)
     assert r == -1
-    assert 0.040 <= elapsed < 2.0
+    assert elapsed >= 0.040  # it waited its timeout: a sleep may end late on a busy machine, never early
     assert (words[ev], words[ev + 1]) == (0, 0)
 
 
@@ -79,8 +80,8 @@ def test_sleep_returns_at_once_when_seq_already_moved(event):
     words, ev, _, _ = event
     words[ev] = 5
     t0 = time.monotonic()
-    assert sleep(words, ev, 4, 10 * SECOND) == -1
-    assert time.monotonic() - t0 < 1.0
+    assert sleep(words, ev, 4, LONG) == -1
+    assert time.monotonic() - t0 < 60  # hang guard: it did not wait out its 600 s timeout
 
 
 @pytest.mark.parametrize("seq", [0x8000_0001, 0xFFFF_FFFF, 2**32 + 5, -1, 2**63 - 1])
@@ -105,8 +106,8 @@ def test_notify_between_prepare_and_sleep_is_not_lost(event):
     notify(words, ev)
     assert words[ev] == seq + 1
     t0 = time.monotonic()
-    assert sleep(words, ev, seq, 10 * SECOND) == -1
-    assert time.monotonic() - t0 < 1.0
+    assert sleep(words, ev, seq, LONG) == -1
+    assert time.monotonic() - t0 < 60  # hang guard: it did not wait out its 600 s timeout
     finish_wait(words, ev)
     assert words[ev + 1] == 0
 
@@ -142,9 +143,7 @@ def _waiter(words, ev, flag, out, timeout_ns):
         r = 1
     else:
         r = sleep(words, ev, seq, timeout_ns)
-    woke = time.monotonic_ns()
     finish_wait(words, ev)
-    words[out + 1] = woke
     words[out] = r
 
 
@@ -158,66 +157,49 @@ def test_notify_wakes_sleepers_in_other_processes(event, n_waiters):
     outs = [out + 8 * i for i in range(n_waiters)]
     for o in outs:
         words[o] = -99
-    procs = [_fork.Process(target=_waiter, args=(words, ev, flag, o, 30 * SECOND), daemon=True) for o in outs]
+    procs = [_fork.Process(target=_waiter, args=(words, ev, flag, o, LONG), daemon=True) for o in outs]
     try:
         for p in procs:
             p.start()
-        assert helpers.wait_until(lambda: words[ev + 1] == n_waiters, 10), "waiters did not announce themselves"
+        assert helpers.wait_until(lambda: words[ev + 1] == n_waiters, 60), "waiters did not announce themselves"
         # Every waiter asleep in the kernel, so that the wake-up, not the re-check, is tested.
         asleep = helpers.wait_until(lambda: all(_in_futex(p.pid) for p in procs), 10)
         assert asleep, f"not all waiters reached futex_wait: {[helpers.current_syscall(p.pid) for p in procs]}"
         assert all(words[o] == -99 for o in outs), "a waiter returned before it was notified"
 
-        notified = time.monotonic_ns()
         _store_release(words, flag, 1)  # pairs with the waiter's load_acquire of flag
         notify(words, ev)
         for p in procs:
-            p.join(10)
+            p.join(60)  # hang guard: their 600 s timeouts are far off
         assert [p.exitcode for p in procs] == [0] * n_waiters
-
+        # 0, not -1: futex_wait returned for the wake-up, not for its timeout
         assert [int(words[o]) for o in outs] == [0] * n_waiters, "futex_wait did not report a wake-up"
-        delays = [(int(words[o + 1]) - notified) / SECOND for o in outs]
-        assert all(d < 5.0 for d in delays), f"woken {delays} s after notify (sleep timeout 30 s)"
         assert (words[ev], words[ev + 1]) == (1, 0)
     finally:
         _stop(procs)
 
 
-def _idle_waiter(words, ev, flag, state, seconds, conn):
-    words[state] = 1
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        seq = prepare_wait(words, ev)
-        if _load_acquire(words, flag) != 0:
-            finish_wait(words, ev)
-            break
-        sleep(words, ev, seq, 50 * MS)
-        finish_wait(words, ev)
-    words[state] = 2
-    conn.recv()  # stay alive, blocked in read(), until the test has read our CPU time
-
-
-def test_blocked_waiter_uses_almost_no_cpu(event):
+def test_a_blocked_waiter_sleeps_in_the_kernel_and_is_not_woken_until_notified(event):
+    """Idle waits do not burn a core, shown by the mechanism rather than by a share of CPU
+    (which a loaded machine blurs): the waiter sits in futex_wait in state S, and while it
+    waits it is not woken once (its voluntary context switches do not move); notify wakes it."""
     words, ev, flag, out = event
-    state = out
-    parent_end, child_end = _fork.Pipe()
-    p = _fork.Process(target=_idle_waiter, args=(words, ev, flag, state, 2.0, child_end), daemon=True)
+    words[out] = -99
+    p = _fork.Process(target=_waiter, args=(words, ev, flag, out, LONG), daemon=True)
     try:
         p.start()
-        assert helpers.wait_until(lambda: words[state] >= 1, 10)
-        cpu0, t0 = helpers.proc_cpu_seconds(p.pid), time.monotonic()
-        assert helpers.wait_until(lambda: words[state] == 2, 10)
-        cpu1, t1 = helpers.proc_cpu_seconds(p.pid), time.monotonic()
-        parent_end.send(None)
-        p.join(10)
-        assert p.exitcode == 0
-        wall, cpu = t1 - t0, cpu1 - cpu0
-        assert wall >= 1.9
-        assert cpu < 0.05 * wall, f"an idle waiter used {cpu:.3f} s of CPU in {wall:.2f} s"
+        assert helpers.wait_until(lambda: _in_futex(p.pid), 60), "the waiter never reached futex_wait"
+        assert helpers.all_threads_asleep(p.pid)
+        before = helpers.thread_wakeups(p.pid)
+        helpers.wait_until(lambda: words[out] != -99, 0.5)  # a window in which nothing may happen
+        assert words[out] == -99 and helpers.thread_wakeups(p.pid) == before, "the waiter woke up unasked"
+        assert _in_futex(p.pid)
+        _store_release(words, flag, 1)  # pairs with the waiter's load_acquire of flag
+        notify(words, ev)
+        p.join(60)  # hang guard: its 600 s timeout is far off
+        assert p.exitcode == 0 and words[out] == 0, "futex_wait did not report a wake-up"
     finally:
         _stop([p])
-        parent_end.close()
-        child_end.close()
 
 
 def test_futex_path_is_cacheable():

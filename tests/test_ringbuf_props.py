@@ -134,7 +134,7 @@ class RingMachine(RuleBasedStateMachine):
 
     def puts_allowed(self) -> bool:
         # SPSC: a put while this handle has a reservation open writes into the reserved slot
-        # (test_rings.py::test_put_while_a_reservation_is_open_does_not_corrupt_messages).
+        # (test_ringbuf_rings.py::test_put_while_a_reservation_is_open_does_not_corrupt_messages).
         return self.mpmc or self.reservation is None
 
     @precondition(lambda self: self.puts_allowed())

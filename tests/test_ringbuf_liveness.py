@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+import helpers
 import numpy as np
 import pytest
 
@@ -16,8 +17,8 @@ from shmpad import Closed, Timeout, TypedRing, WouldBlock
 
 FORK = multiprocessing.get_context("fork")
 SPEC = {"x": (np.int64, (16,))}
-RUN_S = 4.0
-STALL_S = 3.0
+ITEMS = 5_000  # items moved before the producer stops
+HANG_S = 120.0  # hang guard: a healthy run moves thousands of items a second
 
 
 def _produce(name: str, stop, produced) -> None:
@@ -78,22 +79,16 @@ def test_batch_and_single_consumers_never_stall(batches):
     try:
         for p in procs:
             p.start()
-        start = last_change = time.monotonic()
-        last = 0
-        while time.monotonic() - start < RUN_S:
-            time.sleep(0.05)
-            if count.value != last:
-                last, last_change = count.value, time.monotonic()
-            assert time.monotonic() - last_change < STALL_S, (
-                f"no item moved for {STALL_S} s after {last}: {ring.statistics()}"
-            )
+        # a stall (a consumer that never takes the items it waits for) leaves the count short for good
+        moved = helpers.wait_until(lambda: count.value >= ITEMS, HANG_S, interval=0.05)
+        assert moved, f"{count.value} of {ITEMS} items moved: {ring.statistics()}"
         stop.set()
         procs[0].join(30)
         ring.close()  # the consumers drain what is left, then see Closed
         seen = sorted(s for r, _ in pipes for s in r.recv())
         for p in procs[1:]:
             p.join(30)
-        assert produced.value > 1000
+        assert produced.value >= ITEMS
         assert seen == list(range(produced.value)), "an item was lost or delivered twice"
     finally:
         for p in procs:
@@ -133,7 +128,7 @@ def _put_forever(name: str, stop, put) -> None:
             break
 
 
-def _wait_for(what: str, condition, timeout: float = 10.0) -> None:
+def _wait_for(what: str, condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -163,10 +158,8 @@ def test_a_consumer_holding_a_view_cannot_wedge_the_ring_by_waiting():
             "the producer to come round to A's slot",
             lambda: ring.statistics().waits_full > 0 and ring.statistics().size == 0,
         )
-        started = time.monotonic()
         with pytest.raises(RuntimeError, match=r"^get\(\) would wait forever: .* release\(\) them before waiting$"):
-            ring.get(timeout=None)
-        assert time.monotonic() - started < 5.0
+            ring.get(timeout=None)  # with no timeout, only this error can end it
         before = put.value
         ring.release()
         _wait_for("the producer to move again", lambda: put.value > before + 10)

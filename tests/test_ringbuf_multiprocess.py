@@ -4,17 +4,22 @@ Each producer sends ``make_message(producer, seq, n)`` for seq = 0..N-1, with si
 that vary; each consumer checks every message whole (``parse_message``) and records
 the order it saw each producer's messages in. Afterwards, across consumers, every
 message arrived exactly once and each consumer saw each producer's messages in the
-order they were sent. Capacity 16 and 20k messages per producer, so wrap-around,
-full and empty all happen many times.
+order they were sent. Capacity 16 and 20k messages per producer, so wrap-around
+happens many times; full and empty each happen at least once by construction (the
+consumers wait on the empty ring before the producers start, and are stopped until
+a producer has waited on the full ring), whatever the scheduler does.
 """
 
 from __future__ import annotations
+
+import os
+import signal
 
 import helpers
 import numpy as np
 import pytest
 from helpers import Forked, make_message, parse_message
-from ring_workers import CAPACITY, SLOT_SIZE, consume, produce, wait_while_progressing
+from helpers.ring_workers import CAPACITY, SLOT_SIZE, consume, produce, wait_while_progressing
 
 from shmpad.ringbuf import MPMCRing, SPSCRing
 
@@ -29,16 +34,22 @@ CONSUME = ["get_bytes", "get", "get_many", "get_held"]
 
 
 def _run(ring_cls, producers: list[str], consumers: list[str], n: int = N) -> None:
-    """Start the consumers, wait until they are all waiting on the empty ring, start the
-    producers, close the ring once they are done, and check what the consumers got."""
+    """Start the consumers, wait until they are all waiting on the empty ring, stop them
+    (SIGSTOP), start the producers, let the consumers go on once a producer waits on the
+    full ring, close the ring once the producers are done, and check what the consumers got."""
     ring = ring_cls.create(CAPACITY, SLOT_SIZE)
     started: list[Forked] = []
     try:
         for j, how in enumerate(consumers):
             started.append(Forked(consume, ring, how, j, name=f"consumer {j} ({how})"))
-        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= len(consumers), 30), "consumers never waited"
+        assert helpers.wait_until(lambda: ring.statistics().waits_empty >= len(consumers), 60), "consumers never waited"
+        for c in started:
+            os.kill(c.pid, signal.SIGSTOP)
         prods = [Forked(produce, ring, i, n, how, name=f"producer {i} ({how})") for i, how in enumerate(producers)]
         started += prods
+        assert helpers.wait_until(lambda: ring.statistics().waits_full >= 1, 60), "the producers never filled the ring"
+        for c in started[: len(consumers)]:
+            os.kill(c.pid, signal.SIGCONT)
         wait_while_progressing(ring, prods)
         sent = sum(p.result(RESULT_TIMEOUT) for p in prods)
         ring.close()

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_vtrace import reference_vtrace
+from test_learners_vtrace import reference_vtrace
 
 from learners.loss import (
     ImpalaLoss,

@@ -86,12 +86,64 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def thread_wakeups(pid: int) -> dict[int, int]:
+    """Each live thread of ``pid``: how many times it went to sleep and was woken (its
+    ``voluntary_ctxt_switches``). A thread asleep in the kernel adds nothing however long it
+    sleeps and however busy the machine is; one woken by a timeout adds one per timeout."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                line = next(ln for ln in f if ln.startswith("voluntary_ctxt_switches:"))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        out[int(tid)] = int(line.split()[1])
+    return out
+
+
+def all_threads_asleep(pid: int) -> bool:
+    """True when every thread of ``pid`` is blocked in the kernel (state S or D): a thread
+    that spins, even one the scheduler keeps waiting for a core, is R."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return bool(states) and all(s in ("S", "D") for s in states)
+
+
+def _wakeups_over(pids: list[int], window_s: float) -> tuple[float, dict[int, dict[int, int]]]:
+    """(seconds measured, each pid's threads' wake-ups) over a window of about ``window_s``."""
+    start = time.monotonic()  # before the first count and after the last: the window covers every wake-up counted
+    before = {pid: thread_wakeups(pid) for pid in pids}
+    wait_until(lambda: False, window_s, interval=0.05)
+    after = {pid: thread_wakeups(pid) for pid in pids}
+    window = time.monotonic() - start
+    return window, {pid: {t: after[pid][t] - n for t, n in before[pid].items() if t in after[pid]} for pid in pids}
+
+
+def assert_idle(pids: list[int], slice_s: float, window_s: float = 1.0, settle_s: float = 60.0) -> None:
+    """Assert that ``pids`` settle into idling the way a futex/poll waiter does, not by
+    burning a core: every thread of each is seen asleep in the kernel (a spinning thread
+    never is), and over a window each thread is woken at most twice per ``slice_s`` (the
+    shortest timeout it sleeps with), plus two. Start-up is not idling (a server polls
+    briefly before it parks), so windows are tried until one passes, for ``settle_s`` at
+    most, a hang guard. Load only delays wake-ups: neither check depends on how busy the
+    machine is."""
+    deadline = time.monotonic() + settle_s
+    asleep = wait_until(lambda: all(all_threads_asleep(pid) for pid in pids), settle_s)
+    assert asleep, f"a thread of {[pid for pid in pids if not all_threads_asleep(pid)]} never slept: it spins"
+    while True:
+        window, woken = _wakeups_over(pids, window_s)
+        most = 2 * int(window / slice_s + 1) + 2
+        if all(n <= most for per_thread in woken.values() for n in per_thread.values()):
+            return
+        assert time.monotonic() < deadline, (
+            f"threads were still woken {woken} times in {window:.2f} s after {settle_s} s; "
+            f"a {slice_s} s slice allows {most}"
+        )
 
 
 def current_syscall(pid: int) -> int | None:

@@ -11,7 +11,7 @@ import time
 
 import helpers
 import pytest
-from ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
+from helpers.ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
 
 from shmpad.errors import Closed, Timeout, WouldBlock
 from shmpad.ringbuf import blocking
@@ -70,7 +70,7 @@ def test_a_call_that_cannot_proceed_times_out_after_its_timeout(make_ring, op):
     with pytest.raises(Timeout, match=message):
         _waiting_calls(ring)[op](0.1)
     waited = time.monotonic() - start
-    assert 0.1 <= waited < 5, waited
+    assert 0.1 <= waited < 60, waited  # not before its timeout; 60 s: a hang guard
     s = ring.statistics()
     assert (s.waits_full, s.waits_empty) == ((1, 0) if full else (0, 1))
     assert isinstance(Timeout("x"), TimeoutError)
@@ -204,19 +204,19 @@ def test_a_reservation_open_at_close_can_still_be_committed_and_drained(make_rin
 
 
 def _blocked_call(ring, op: str):
-    """Block in ``op`` (with a long timeout) until something ends it; (outcome, woke at)."""
+    """Block in ``op`` (with a timeout no test waits out) until something ends it; its outcome."""
     try:
         if op == "get":
-            ring.get(timeout=30)
+            ring.get(timeout=600)
         elif op == "get_many":
-            ring.get_many(4, timeout=30)
+            ring.get_many(4, timeout=600)
         elif op == "put":
-            ring.put(b"x", timeout=30)
+            ring.put(b"x", timeout=600)
         else:
-            ring.put_many([b"x", b"y"], timeout=30)
+            ring.put_many([b"x", b"y"], timeout=600)
     except Closed as e:
-        return f"Closed: {e}", time.monotonic()
-    return "returned", time.monotonic()
+        return f"Closed: {e}"
+    return "returned"
 
 
 @pytest.mark.parametrize(
@@ -236,27 +236,25 @@ def test_close_from_another_process_wakes_a_blocked_call(make_ring, op, message)
     child = helpers.Forked(_blocked_call, ring, op)
     try:
         counter = "waits_full" if full else "waits_empty"
-        assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) == 1, 10), f"{op} never waited"
-        assert helpers.wait_until(lambda: helpers.current_syscall(child.pid) == SYS_FUTEX, 10), "never slept"
-        closed_at = time.monotonic()
+        assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) == 1, 60), f"{op} never waited"
+        assert helpers.wait_until(lambda: helpers.current_syscall(child.pid) == SYS_FUTEX, 60), "never slept"
         ring.close()
-        outcome, woke = child.result(10)
+        outcome = child.result(60)  # hang guard: only the close can end a 600 s wait this soon
     finally:
         child.kill()
     assert outcome == f"Closed: {message}"
-    assert woke - closed_at < 1.0, f"woke {woke - closed_at:.3f} s after close (timeout 30 s)"
 
 
 # --- statistics ------------------------------------------------------------------------------
 
 
 def _put_when_waited_on(ring, counter: str) -> None:
-    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 10)
+    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 60)
     ring.put(b"late", timeout=10)
 
 
 def _get_when_waited_on(ring, counter: str) -> bytes:
-    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 10)
+    assert helpers.wait_until(lambda: getattr(ring.statistics(), counter) >= 1, 60)
     return ring.get_bytes(timeout=10)
 
 

@@ -1,5 +1,5 @@
 """Processes of the multi-host tests: a broker, and learners of a gradient-averaging
-group (``tests/net_peer.py``) whose JSON lines are collected as they come."""
+group (``tests/helpers/net_peer.py``) whose JSON lines are collected as they come."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import threading
 import time
 
 import pytest
+
 from helpers import kill_and_reap, start_session, track_pid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 TOKEN = "accumulator-test-token"
 
 
@@ -68,7 +69,7 @@ class Broker:
 
 
 class Peer:
-    """One ``tests/net_peer.py`` process; ``popen`` starts it elsewhere (a namespace's)."""
+    """One ``tests/helpers/net_peer.py`` process; ``popen`` starts it elsewhere (a namespace's)."""
 
     def __init__(self, broker: str, name: str, group: str = "g", *extra: str, popen=None):
         self.name = name

@@ -1,7 +1,7 @@
 """One learner of a gradient-averaging group, for the multi-process tests: trains a
 small model on data of its own and prints one JSON line per event on stdout.
 
-    python tests/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
+    python tests/helpers/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
 
 Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "key", "plane"}`` after each
 optimiser step (hash: SHA-256 of every parameter, buffer and the optimiser's state),
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
 from shmpad.net.accumulator import Accumulator  # noqa: E402
 
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--virtual-batch-size", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--backend", default="shmpad")
+    parser.add_argument("--op-timeout", type=float, default=20.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(relativeCreated)d [{args.name}] %(message)s")
     torch.set_num_threads(1)
@@ -71,7 +72,7 @@ def main() -> None:
         name=args.name,
         host=args.host,
         virtual_batch_size=args.virtual_batch_size,
-        op_timeout=20.0,
+        op_timeout=args.op_timeout,
         backend=args.backend,
     )
     try:

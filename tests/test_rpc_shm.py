@@ -36,6 +36,8 @@ class Service:
     def __init__(self):
         self.gate = threading.Event()
         self.at_gate = threading.Event()
+        self.lock = threading.Lock()
+        self.passed_gate = 0  # wait_gate calls that returned
         self.calls = 0
 
     def ping(self):
@@ -65,7 +67,10 @@ class Service:
 
     def wait_gate(self):
         self.at_gate.set()
-        return self.gate.wait(30)
+        opened = self.gate.wait(30)
+        with self.lock:
+            self.passed_gate += 1
+        return opened
 
     def open_gate(self):
         self.gate.set()
@@ -184,7 +189,7 @@ def test_remote_exception_has_type_message_and_traceback(client):
 
 
 def test_exceptions_and_results_that_cannot_travel(client):
-    with pytest.raises(RemoteError, match="test_rpc.Unpicklable: cannot travel") as info:
+    with pytest.raises(RemoteError, match=r"test_rpc_shm\.Unpicklable: cannot travel") as info:
         client.fail_unpicklable()
     assert "fail_unpicklable" in info.value.__cause__.tb
     with pytest.raises(RemoteError, match="could not pickle the result of the call"):
@@ -213,21 +218,27 @@ def test_large_messages_travel_through_spill_segments(shm_leak_check, client):
     assert client.futures.echo(big.tobytes()).result(30) == big.tobytes()
 
 
-def test_call_timeout_sync_and_futures(server):
+def test_call_timeout_sync_and_futures():
+    """The calls wait at a gate that opens only after both timed out: the Timeout can only
+    come from call_timeout, however slow the machine."""
+    service = Service()
+    server = RpcServer(service)
     c = RpcClient(server.address, call_timeout=0.2)
     try:
-        t0 = time.monotonic()
-        with pytest.raises(Timeout, match=r"call to 'sleep' on .* did not complete within call_timeout=0.2 s"):
-            c.sleep(1.0)
-        assert time.monotonic() - t0 < 0.9
-        with pytest.raises(TimeoutError):  # Timeout is also the builtin TimeoutError
-            c.futures.sleep(1.0).result(10)
-        # the late reply of the timed-out call must not answer the next one
-        time.sleep(1.0)
+        with pytest.raises(Timeout, match=r"call to 'wait_gate' on .* did not complete within call_timeout=0.2 s"):
+            c.wait_gate()
+        with pytest.raises(Timeout, match="call to 'wait_gate'"):  # the future's own, not result()'s
+            c.futures.wait_gate().result(60)
+        assert issubclass(Timeout, TimeoutError)
+        service.gate.set()
+        # the late replies of the timed-out calls must not answer the next one
+        assert wait_until(lambda: service.passed_gate == 2, 60)
         assert c.add(2, 2) == 4
         assert c.ping() == "pong"
     finally:
         c.close()
+        server.close()
+        assert server.wait(60)
 
 
 def test_bad_client_arguments():
