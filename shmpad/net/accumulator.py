@@ -406,18 +406,9 @@ class Accumulator:
         the next ring)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
             raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
-        held, self._stale = self._stale, None
-        # the autograd version counter moves with every in-place write (backward accumulating,
-        # zero_grad without set_to_none, copy_); a new tensor (set_to_none, assigning .grad) is another object
-        if held is not None and any(p.grad is g and g._version == v for p, g, v in held):
-            self.refused += 1
-            log.info(
-                "%s: refused gradients computed before a sync replaced the weights (version %d)",
-                self.name,
-                self.version,
-            )
-            return self.skip_gradients()
         flat = self._staging()
+        if self._refuse_stale():
+            return self.skip_gradients()
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
                 flat[a:b].zero_()
@@ -426,6 +417,20 @@ class Accumulator:
         flat[-2] = batch_size
         flat[-1] = 1.0 if batch_size > 0 else 0.0
         return self._reduce(flat)
+
+    def _refuse_stale(self) -> bool:
+        """True (and counted in ``refused``) if a gradient this peer holds is one that a
+        state sync made stale and nothing has written since."""
+        held, self._stale = self._stale, None
+        # the autograd version counter moves with every in-place write (backward accumulating,
+        # zero_grad without set_to_none, copy_); a new tensor (set_to_none, assigning .grad) is another object
+        if held is None or not any(p.grad is g and g._version == v for p, g, v in held):
+            return False
+        self.refused += 1
+        log.info(
+            "%s: refused gradients computed before a sync replaced the weights (version %d)", self.name, self.version
+        )
+        return True
 
     def skip_gradients(self) -> bool:
         """Take part in the group's reduction without contributing (zero gradients,
