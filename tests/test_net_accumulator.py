@@ -30,10 +30,14 @@ from shmpad.net.torchgroup import AUTO_GLOO_FROM, ask, decide
 PLANES = ["shmpad", pytest.param("gloo", marks=pytest.mark.slow)]
 
 
-def _group(procs, prefix: str, size: int, steps: int, *peer_args: str) -> tuple[BrokerProcess, list[Peer]]:
-    """A broker and ``size`` peers named ``<prefix><i>`` (ended by the ``procs`` fixture),
-    once each has taken ``steps`` steps in a group of ``size``."""
-    broker = BrokerProcess()
+def _group(
+    procs, prefix: str, size: int, steps: int, *peer_args: str, broker: BrokerProcess | None = None
+) -> tuple[BrokerProcess, list[Peer]]:
+    """A broker (``broker``, or one that drops a silent member after 5 s) and ``size``
+    peers named ``<prefix><i>`` (ended by the ``procs`` fixture), once each has taken
+    ``steps`` steps in a group of ``size``."""
+    if broker is None:
+        broker = BrokerProcess()
     procs.append(broker)
     peers = [Peer(broker.address, f"{prefix}{i}", *peer_args) for i in range(size)]
     procs.extend(peers)
@@ -143,6 +147,37 @@ def test_a_stalled_peer_is_dropped_and_rejoins_level_with_the_group(procs, backe
         p.finish()
     assert assert_identical(peers) >= 5
     assert_plane(peers, backend)
+
+
+@pytest.mark.parametrize("backend", PLANES)
+def test_a_hung_member_is_dropped_and_its_stale_gradients_are_refused_when_it_wakes(procs, backend):
+    """Under the command line's defaults. The hung member computes its gradients before
+    ``ready()``: when it wakes, the sync that brings it level leaves it holding gradients
+    of weights the group has left, which must be refused, never averaged in."""
+    broker = BrokerProcess(flags=())
+    _, peers = _group(procs, "h", 3, 5, "g", "--backend", backend, broker=broker)
+    sleeper = Peer(broker.address, "hz", "g", "--backend", backend, "--grads-before-ready")
+    procs.append(sleeper)
+    for p in [*peers, sleeper]:
+        p.wait(lambda p: len(p.steps_with(4)) >= 3, 60, "3 steps in a group of 4")
+    sleeper.proc.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    for p in peers:  # the others go on without it: a list of 3 formed and stepped (60 s: a hang guard only)
+        p.wait(lambda p: len(p.steps_with(3, after=stopped)) >= 3, 60, "3 steps in a group of 3 without the hung one")
+    left_at = max(s["version"] for p in peers for s in p.steps)
+    resumed = time.monotonic()
+    sleeper.proc.send_signal(signal.SIGCONT)
+    for p in [*peers, sleeper]:
+        p.wait(lambda p: len(p.steps_with(4, after=resumed)) >= 3, 60, "3 steps in a group of 4 after the wake-up")
+    for p in [*peers, sleeper]:
+        p.finish()
+    back = [s for s in sleeper.steps if s["t"] >= resumed]
+    assert back[0]["version"] > left_at, "the woken member did not receive the group's state"
+    stale = [s for p in [*peers, sleeper] for s in p.steps if s["contributed"] and s["computed_at"] != s["version"] - 1]
+    assert not stale, f"gradients of another version were averaged in: {stale[:3]}"
+    assert back[-1]["refused"] >= 1, "the woken member's stale gradients were not refused"
+    assert assert_identical([*peers, sleeper]) >= 10
+    assert_plane([*peers, sleeper], backend)
 
 
 @pytest.mark.parametrize(

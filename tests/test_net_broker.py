@@ -215,7 +215,7 @@ def test_join_order_and_epochs(start_broker, clients):
 
 
 def test_changes_that_come_together_make_one_list(start_broker):
-    broker = start_broker("--settle", "2.0")
+    broker = start_broker("--settle", "2.0", "--timeout", "60")  # the raw members never ping
     conns = [raw_join(broker, "g", name) for name in "xyz"]
     try:
         for conn in conns:
@@ -255,6 +255,32 @@ def test_silent_peer_is_dropped_after_the_timeout(start_broker, clients):
         assert observer.connected  # pinging members outlive the timeout
     finally:
         silent.close()
+
+
+def test_by_default_pings_are_fast_and_a_hung_member_goes_within_a_second(start_broker, clients):
+    """The command line's defaults: pings every 0.2 s at most, and a member that stops
+    pinging announced gone ``timeout + settle`` (under a second) after its last ping.
+    What that takes in practice is measured by ``python -m bench.elastic``, not here."""
+    broker = start_broker()
+    observer = clients(broker, "g", "observer")
+    lists: list[tuple[str, ...]] = []  # every list, in order: the one with "hung" is short-lived
+    observer.add_listener(lambda m: lists.append(m.names))
+    wait_names(observer, ["observer"])
+    hung = auth.connect(broker.address, TOKEN)
+    try:
+        hung.send_json({"op": "join", "group": "g", "name": "hung", "address": "hung:1"})
+        welcome = hung.recv_json()
+        assert welcome["heartbeat_s"] <= 0.2
+        assert welcome["timeout_s"] + broker_module.SETTLE_S < 1.0
+        assert welcome["timeout_s"] >= 4 * welcome["heartbeat_s"], "a member a few pings late must not be dropped"
+        joined = lambda: ("observer", "hung") in lists  # noqa: E731
+        assert wait_until(joined, 10), f"lists seen: {lists}"
+        dropped = lambda: ("observer",) in lists[lists.index(("observer", "hung")) + 1 :]  # noqa: E731
+        assert wait_until(dropped, 60), f"lists seen: {lists}"  # 60 s: a hang guard only
+        assert f"sent nothing for {welcome['timeout_s']} s" in broker.log_line("dropped 'hung'")
+        assert observer.connected  # a pinging member outlives the timeout
+    finally:
+        hung.close()
 
 
 def test_rejoin_with_the_same_name_replaces(start_broker, clients):

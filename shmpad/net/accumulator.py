@@ -18,6 +18,16 @@ rank) broadcasts its parameters, buffers, optimiser and scheduler state and mode
 version, and everyone loads them. A joining peer thus receives the current model
 before it contributes, and a peer whose last reduction was abandoned mid-way
 (while others completed it) is brought level too.
+
+Stale gradients are never averaged in. A peer that hung (SIGSTOP, a stuck call) and
+was dropped wakes up holding gradients of weights the group has left behind. Whatever
+reduction it tries on its old ring is abandoned: the others closed that ring, and
+rings never share connections. Gradients it computed before the sync that brings it
+level (a loop that calls ``backward()`` before ``ready()``, or one that was between
+the two when it stopped) are refused: when a sync replaces this peer's weights, the
+gradient tensors it holds are noted with their autograd version counters, and a
+``reduce_gradients`` that still finds one of them untouched takes part in the
+reduction without contributing (``skip_gradients``) and counts it in ``refused``.
 """
 
 from __future__ import annotations
@@ -148,6 +158,9 @@ class Accumulator:
         """optimiser steps the group has taken (the same on every peer once synced)"""
         self.abandoned = 0
         """reductions abandoned because the group changed or a peer went away"""
+        self.refused = 0
+        """contributions refused as stale: gradients computed on weights that a state sync then replaced"""
+        self._stale: list[tuple[torch.nn.Parameter, torch.Tensor, int]] | None = None  # see _note_stale
         self._lock = threading.Lock()
         self._latest: Membership | None = None
         self._ring: PeerRing | None = None  # the epoch's shmpad ring: state sync, digests, and gradients
@@ -159,9 +172,11 @@ class Accumulator:
         self._mesh = Mesh(host, port, token)
         try:
             if cluster is not None and cluster.serves_broker:
-                from shmpad.net.broker import Broker
+                from shmpad.net.broker import HEARTBEAT_S, SETTLE_S, TIMEOUT_S, Broker
 
-                self._served = Broker(*parse_address(broker), token=token)
+                self._served = Broker(
+                    *parse_address(broker), token=token, heartbeat_s=HEARTBEAT_S, timeout_s=TIMEOUT_S, settle_s=SETTLE_S
+                )
             self._group = GroupClient(broker, group, self.name, self._mesh.address, token)
         except BaseException:
             self._mesh.close()
@@ -339,7 +354,11 @@ class Accumulator:
         leader = max(range(ring.size), key=lambda r: (versions[r], -r))
         data = ring.broadcast_bytes(self.state_bytes() if ring.rank == leader else None, leader)
         if ring.rank != leader:
+            held = [(p, p.grad, p.grad._version) for p in self.params if p.grad is not None]
+            before = self._digest() if held else None
             self.load_state_bytes(data)
+            if held and self._digest() != before:
+                self._stale = held  # gradients of the weights just replaced: refused if reduced as they are
         self._checked = self.version
 
     def _check(self, ring: PeerRing) -> None:
@@ -374,6 +393,8 @@ class Accumulator:
 
     def reduce_gradients(self, batch_size: int) -> bool:
         """Sum this peer's gradients (of ``batch_size`` samples) with the group's.
+        Gradients that a state sync made stale are refused (see ``refused``): the
+        peer then takes part without contributing.
 
         True when the virtual batch is complete: every parameter's ``.grad`` then
         holds the group's average (the same bits on every peer), and the caller takes
@@ -382,6 +403,8 @@ class Accumulator:
         the next ring)."""
         _check_count("batch_size", batch_size, 0)
         flat = self._staging()
+        if self._refuse_stale():
+            return self.skip_gradients()
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
                 flat[a:b].zero_()
@@ -390,6 +413,20 @@ class Accumulator:
         flat[-2] = batch_size
         flat[-1] = 1.0 if batch_size > 0 else 0.0
         return self._reduce(flat)
+
+    def _refuse_stale(self) -> bool:
+        """True (and counted in ``refused``) if a gradient this peer holds is one that a
+        state sync made stale and nothing has written since."""
+        held, self._stale = self._stale, None
+        # the autograd version counter moves with every in-place write (backward accumulating,
+        # zero_grad without set_to_none, copy_); a new tensor (set_to_none, assigning .grad) is another object
+        if held is None or not any(p.grad is g and g._version == v for p, g, v in held):
+            return False
+        self.refused += 1
+        log.info(
+            "%s: refused gradients computed before a sync replaced the weights (version %d)", self.name, self.version
+        )
+        return True
 
     def skip_gradients(self) -> bool:
         """Take part in the group's reduction without contributing (zero gradients,

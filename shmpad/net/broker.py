@@ -27,6 +27,19 @@ a frame of another kind, a malformed join, an unknown op or a join to a group wh
 list would no longer fit one control frame closes that connection with a log line.
 A peer that sends nothing for ``timeout_s`` (not even its join) is dropped, and so
 is one whose connection closes, at once.
+
+How fast a hung peer goes. A peer that stops (SIGSTOP, a stuck device call, a dead
+network path) sends no ping: the broker drops it ``timeout_s`` after its last one and
+announces the list without it ``settle_s`` later, at most ``timeout_s + settle_s``
+after it stopped. The command line's defaults (``HEARTBEAT_S``, ``TIMEOUT_S``,
+``SETTLE_S``: pings every 0.1 s, dropped after 0.6 s of silence, 0.2 s to settle) put
+that under a second, with six pings' room for a member that is merely slow (a
+learner that holds the GIL in one long C call for longer than ``timeout_s`` is
+dropped, and rejoins when it lets go: raise ``--timeout`` for such learners). The
+``Broker`` class keeps its slower keyword defaults for code that builds one itself.
+A dropped peer that wakes up finds its connection closed, joins again and is
+announced like any newcomer; the accumulator then refuses what it computed before
+it was brought level (``shmpad.net.accumulator``).
 """
 
 from __future__ import annotations
@@ -45,11 +58,17 @@ from shmpad.net import auth, wire
 from shmpad.net.group import show as _show
 from shmpad.net.group import validate_join
 
-__all__ = ["Broker", "DEFAULT_PORT"]
+__all__ = ["Broker", "DEFAULT_PORT", "HEARTBEAT_S", "SETTLE_S", "TIMEOUT_S"]
 
 log = logging.getLogger("shmpad.net.broker")
 
 DEFAULT_PORT = 4431
+HEARTBEAT_S = 0.1
+"""the command line's default seconds between a peer's pings"""
+TIMEOUT_S = 0.6
+"""the command line's default: a peer silent this long is dropped"""
+SETTLE_S = 0.2
+"""the command line's default seconds to gather changes before a new list goes out"""
 MAX_PEER_FRAME = 16 << 10  # a join is the largest thing a peer sends
 LIST_ROOM = wire.MAX_CONTROL - 4096  # a member list must fit one control frame, with room for its envelope
 
@@ -328,10 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         "--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)"
     )
     parser.add_argument("--token-file", help="file holding the shared token (default: $SHMPAD_TOKEN)")
-    parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between a peer's pings (default 1)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="a peer silent this long is dropped (default 10)")
     parser.add_argument(
-        "--settle", type=float, default=1.0, help="seconds to gather changes before sending a new list (default 1)"
+        "--heartbeat", type=float, default=HEARTBEAT_S, help=f"seconds between a peer's pings (default {HEARTBEAT_S})"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=TIMEOUT_S, help=f"a peer silent this long is dropped (default {TIMEOUT_S})"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help=f"seconds to gather changes before sending a new list (default {SETTLE_S})",
     )
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:

@@ -6,7 +6,8 @@
     WORLD_SIZE    how many processes the first step waits for
 
 Rank 0 serves the broker (``shmpad.net.broker.Broker``, authenticated by the group
-token like any other) in its own process; every rank, rank 0 included, then joins it
+token like any other, with the command line's heartbeat, timeout and settle delay) in
+its own process; every rank, rank 0 included, then joins it
 as with ``--peers HOST:PORT``. Nothing else differs: a process that dies and comes
 back rejoins, and the group goes on without it meanwhile, except rank 0, whose broker
 dies with it (the others keep reconnecting until a rank 0 serves again).

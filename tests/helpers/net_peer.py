@@ -2,10 +2,14 @@
 small model on data of its own and prints one JSON line per event on stdout.
 
     python tests/helpers/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
+                                     [--grads-before-ready]
 
-Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "key", "plane"}`` after each
-optimiser step (hash: SHA-256 of every parameter, buffer and the optimiser's state),
-``{"event": "reduce", "version"}`` as a reduction starts. The peer trains until its
+Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "refused", "computed_at",
+"contributed", "key", "plane"}`` after each optimiser step (hash: SHA-256 of every parameter,
+buffer and the optimiser's state; computed_at: the version whose weights gave the gradients
+handed to the reduction; contributed: the accumulator did not refuse them),
+``{"event": "reduce", "version"}`` as a reduction starts. ``--grads-before-ready`` computes
+the gradients before calling ``ready()``, the order in which a sync can make them stale. The peer trains until its
 stdin closes, then leaves the group and exits 0.
 """
 
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--backend", default="shmpad")
     parser.add_argument("--op-timeout", type=float, default=20.0)
+    parser.add_argument("--grads-before-ready", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(relativeCreated)d [{args.name}] %(message)s")
     torch.set_num_threads(1)
@@ -75,16 +80,28 @@ def main() -> None:
         op_timeout=args.op_timeout,
         backend=args.backend,
     )
+
+    def backward() -> int:
+        x = torch.randn(8, 16, generator=data)
+        loss = (model(x) - x[:, :4]).pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return acc.version
+
+    computed_at = None
     try:
         while not stop.is_set():
+            if args.grads_before_ready and computed_at is None:
+                computed_at = backward()
             if not acc.ready(timeout=0.5):
                 continue
-            x = torch.randn(8, 16, generator=data)
-            loss = (model(x) - x[:, :4]).pow(2).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if not args.grads_before_ready:
+                computed_at = backward()
             emit(event="reduce", name=args.name, version=acc.version)
-            if acc.reduce_gradients(8):
+            refused = acc.refused
+            stepped = acc.reduce_gradients(8)
+            contributed = acc.refused == refused
+            if stepped:
                 optimizer.step()
                 with torch.no_grad():
                     model.seen += 8
@@ -95,9 +112,13 @@ def main() -> None:
                     hash=state_hash(model, optimizer),
                     size=acc.size,
                     abandoned=acc.abandoned,
+                    refused=acc.refused,
+                    computed_at=computed_at,
+                    contributed=contributed,
                     key=acc.ring_key,
                     plane=acc.plane,
                 )
+            computed_at = None
             time.sleep(args.pace)
     finally:
         acc.close()

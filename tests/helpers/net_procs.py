@@ -28,10 +28,15 @@ def env() -> dict:
     return {**os.environ, "SHMPAD_TOKEN": TOKEN, "PYTHONPATH": ROOT, "RES_OPTIONS": "timeout:1 attempts:1"}
 
 
-class Broker:
-    """``python -m shmpad.net.broker`` on ``host:port`` (0: a free port), ready when made."""
+SLOW_FLAGS = ("--settle", "0.3", "--heartbeat", "0.5", "--timeout", "5")
+"""a broker that drops a silent member after 5 s: what most of these tests use"""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1"):
+
+class Broker:
+    """``python -m shmpad.net.broker`` on ``host:port`` (0: a free port), ready when made;
+    ``flags`` (``()``: the command line's defaults) set its heartbeat, timeout and settle delay."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", flags: tuple[str, ...] = SLOW_FLAGS):
         self.proc = start_session(
             [
                 sys.executable,
@@ -41,12 +46,7 @@ class Broker:
                 host,
                 "--port",
                 str(port),
-                "--settle",
-                "0.3",
-                "--heartbeat",
-                "0.5",
-                "--timeout",
-                "5",
+                *flags,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

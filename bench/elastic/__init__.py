@@ -1,0 +1,1 @@
+"""Training under repeated faults: ``python -m bench.elastic`` (see ``__main__``)."""

@@ -1,0 +1,150 @@
+"""Training that shrugs off faults: the steps/s a group of learners keeps while a member
+is SIGKILLed or SIGSTOPped every ``--interval`` seconds, against a fault-free run.
+
+    python -m bench.elastic                                   # 4 learners, shmpad and gloo, 180 s per arm
+    python -m bench.elastic --seconds 60 --interval 15 --backends shmpad
+    python -m bench.elastic --json --save docs/results/elastic
+
+Method. For each backend, two arms in turn, each a fresh group: ``clean`` (no faults)
+and ``faults``. Each arm starts a broker in this process (the command line's heartbeat,
+timeout and settle delay) and ``--peers`` learner processes (``bench.elastic.learner``:
+an MLP of ``--width``, batches of ``--batch``, one torch thread each, so that two cores
+hold four). Its clock starts at the whole group's first step; rates are counted from
+``--warmup`` seconds later to ``--seconds`` after the start. In the ``faults`` arm, every
+``--interval`` seconds a member picked at random is faulted, ``--faults`` in turn:
+``kill`` (SIGKILL, then a new process under its name at once) or ``stop`` (SIGSTOP,
+then SIGCONT ``--stop-seconds`` later). ``kept`` is the faults arm's steps/s over the
+clean arm's. Per fault: the detection time (until every survivor stopped waiting for
+the victim), the time until every survivor stepped without it, and the rejoin time
+(from the restart or the SIGCONT to the victim's first step in the whole group, with
+the state transfer). Every step's weights digest is compared across the learners that
+reached that version. ``bench/elastic/report.py`` defines each figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass
+
+from bench.common.cli import parser_for
+from bench.elastic.group import RunFailed, run_arm
+from bench.elastic.report import HEADER, figures, table
+from shmpad.net.broker import HEARTBEAT_S, SETTLE_S, TIMEOUT_S
+
+KINDS = ("kill", "stop")
+
+
+@dataclass
+class Args:
+    peers: int = 4
+    """learner processes in the group"""
+    seconds: float = 180.0
+    """length of each arm, from the whole group's first step"""
+    interval: float = 30.0
+    """seconds between faults in the faults arm"""
+    faults: str = "kill,stop"
+    """the faults to inject, in turn: kill (SIGKILL and restart), stop (SIGSTOP, then SIGCONT)"""
+    stop_seconds: float = 3.0
+    """how long a stopped learner stays stopped (the broker drops it after its timeout)"""
+    backends: str = "shmpad,gloo"
+    """the accumulator's data planes to run, comma-separated"""
+    warmup: float = 5.0
+    """seconds after the group's first step that the rates leave out"""
+    width: int = 256
+    """hidden width of the learners' MLP (64 -> width -> width -> 8)"""
+    batch: int = 32
+    """samples per learner per step"""
+    seed: int = 0
+    """seed of the fault injector's choice of victims"""
+    json: bool = False
+    """print one JSON object per arm instead of the table"""
+    save: str = ""
+    """a directory to write the report (output.txt) and every arm's figures (results.json) into"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = parser_for(Args, "python -m bench.elastic", __doc__.split("\n")[0])
+    args = Args(**vars(parser.parse_args(argv)))
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    if not kinds or any(k not in KINDS for k in kinds):
+        parser.error(f"--faults takes a comma-separated list of {', '.join(KINDS)}, got {args.faults!r}")
+    backends = [b for b in args.backends.split(",") if b]
+    if not backends or any(b not in ("shmpad", "gloo") for b in backends):
+        parser.error(f"--backends takes a comma-separated list of shmpad, gloo, got {args.backends!r}")
+    if args.peers < 2:
+        parser.error(f"--peers must be at least 2 (a fault needs survivors), got {args.peers}")
+    if not 0 <= args.warmup < args.seconds:
+        parser.error(f"--warmup must be in [0, --seconds), got {args.warmup}")
+    if args.interval <= 0 or args.stop_seconds <= 0:
+        parser.error(f"--interval and --stop-seconds must be positive, got {args.interval} and {args.stop_seconds}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    out: list[str] = []
+
+    def say(line: str) -> None:
+        out.append(line)
+        print(line, flush=True)
+
+    if not args.json:
+        say(
+            f"bench.elastic: {args.peers} learners (MLP 64-{args.width}-{args.width}-8, batch {args.batch}), "
+            f"{args.seconds:g} s per arm, a fault every {args.interval:g} s ({', '.join(kinds)} in turn); broker "
+            f"heartbeat {HEARTBEAT_S} s, timeout {TIMEOUT_S} s, settle {SETTLE_S} s; {_cpu()}, {os.cpu_count()} cores"
+        )
+        say(HEADER)
+    results = []
+    failed = False
+    for backend in (b for b in args.backends.split(",") if b):
+        arms = {}
+        for faults_on in (False, True):
+            try:
+                arm = run_arm(
+                    backend,
+                    peers=args.peers,
+                    seconds=args.seconds,
+                    interval=args.interval,
+                    kinds=kinds,
+                    faults_on=faults_on,
+                    width=args.width,
+                    batch=args.batch,
+                    stop_s=args.stop_seconds,
+                    seed=args.seed,
+                )
+            except RunFailed as e:
+                failed = True
+                say(f"{backend} {'faults' if faults_on else 'clean'}: FAILED: {e}")
+                continue
+            fig = arms[faults_on] = figures(arm, args.warmup)
+            results.append(fig.as_dict())
+            if args.json:
+                say(json.dumps(fig.as_dict()))
+        if not args.json:
+            for line in table(arms.get(False), arms.get(True)):
+                say(line)
+    if args.save:
+        os.makedirs(args.save, exist_ok=True)
+        with open(os.path.join(args.save, "output.txt"), "w") as f:
+            f.write(f"$ python -m bench.elastic {' '.join(sys.argv[1:] if argv is None else argv)}\n")
+            f.write("\n".join(out) + "\n")
+        with open(os.path.join(args.save, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    return 1 if failed else 0
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "an unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

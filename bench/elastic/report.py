@@ -1,0 +1,159 @@
+"""The figures of ``bench.elastic`` from one arm's events (``bench.elastic.group.Arm``).
+
+- steps/s: versions the group reached per second, counted from the whole group's first
+  step (plus ``warmup`` seconds) to the arm's end; samples/s: the samples those steps
+  averaged (each version's group size x the batch).
+- per fault, from the signal: ``detected``, when every survivor had stopped waiting for
+  the victim (its reduction was abandoned, or it stepped in a smaller group);
+  ``survived``, when every survivor had stepped in a group without the victim;
+  ``rejoined``, from the restart (a new process, or SIGCONT) to the victim's first step
+  in the whole group, state transfer included; ``stale``: reductions of the victim's
+  abandoned or refused after it woke, before it stepped again (never averaged in).
+- identical: for every version more than one learner reached, the digests of their
+  weights after that step agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from bench.elastic.group import Arm, Fault
+
+
+@dataclass
+class FaultFigures:
+    kind: str
+    victim: str
+    at_s: float  # since the group's first step
+    detected_s: float | None
+    survived_s: float | None
+    rejoined_s: float | None
+    started_s: float | None  # kill faults: of rejoined_s, until the new process was up (Python, torch imported)
+    stale: int | None  # stop faults only
+
+
+@dataclass
+class ArmFigures:
+    backend: str
+    faults_on: bool
+    peers: int
+    seconds: float  # the window the rates are over
+    steps_per_s: float
+    samples_per_s: float
+    versions_compared: int
+    versions_differing: int
+    faults: list[FaultFigures]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def figures(arm: Arm, warmup: float) -> ArmFigures:
+    start, end = arm.started + warmup, arm.ended
+    first_seen: dict[int, float] = {}
+    size: dict[int, int] = {}
+    digests: dict[int, set[int]] = {}
+    reporters: dict[int, int] = {}
+    for events in arm.events.values():
+        for e in events:
+            if e["e"] != "step":
+                continue
+            v = e["v"]
+            first_seen[v] = min(first_seen.get(v, e["t"]), e["t"])
+            size[v] = max(size.get(v, 0), e["n"])
+            digests.setdefault(v, set()).add(e["d"])
+            reporters[v] = reporters.get(v, 0) + 1
+    window = [v for v, t in first_seen.items() if start <= t <= end]
+    seconds = max(end - start, 1e-9)
+    compared = [v for v, n in reporters.items() if n > 1]
+    return ArmFigures(
+        backend=arm.backend,
+        faults_on=arm.faults_on,
+        peers=arm.peers,
+        seconds=round(seconds, 3),
+        steps_per_s=round(len(window) / seconds, 3),
+        samples_per_s=round(sum(size[v] for v in window) * arm.batch / seconds, 1),
+        versions_compared=len(compared),
+        versions_differing=sum(1 for v in compared if len(digests[v]) > 1),
+        faults=[_fault(arm, f) for f in arm.faults],
+    )
+
+
+def _fault(arm: Arm, fault: Fault) -> FaultFigures:
+    survivors = [n for n in arm.events if n != fault.victim]
+    restart = fault.restarted if fault.restarted is not None else fault.t
+
+    def first(name: str, after: float, until: float | None, test) -> float | None:
+        return next(
+            (e["t"] for e in arm.events[name] if after < e["t"] and (until is None or e["t"] < until) and test(e)),
+            None,
+        )
+
+    stopped = [
+        first(n, fault.t, None, lambda e: e["e"] == "abandoned" or (e["e"] == "step" and e["n"] < arm.peers))
+        for n in survivors
+    ]
+    stepped = [first(n, fault.t, None, lambda e: e["e"] == "step" and e["n"] < arm.peers) for n in survivors]
+    back = first(fault.victim, restart, None, lambda e: e["e"] == "step" and e["n"] == arm.peers)
+    started = None
+    if fault.kind == "kill":
+        up = first(fault.victim, restart, back, lambda e: e["e"] == "up")
+        started = None if up is None else round(up - restart, 3)
+    stale = None
+    if fault.kind == "stop":
+        woke = [e for e in arm.events[fault.victim] if restart < e["t"] and (back is None or e["t"] <= back)]
+        refused_before = max(
+            (e["r"] for e in arm.events[fault.victim] if e["e"] == "step" and e["t"] < fault.t), default=0
+        )
+        refused_after = next((e["r"] for e in woke if e["e"] == "step"), refused_before)
+        stale = sum(1 for e in woke if e["e"] == "abandoned") + refused_after - refused_before
+    return FaultFigures(
+        kind=fault.kind,
+        victim=fault.victim,
+        at_s=round(fault.t - arm.started, 3),
+        detected_s=_since(fault.t, stopped),
+        survived_s=_since(fault.t, stepped),
+        rejoined_s=None if back is None else round(back - restart, 3),
+        started_s=started,
+        stale=stale,
+    )
+
+
+def _since(t0: float, times: list[float | None]) -> float | None:
+    """When the last of ``times`` came, after ``t0`` (None if one never came)."""
+    if not times or any(t is None for t in times):
+        return None
+    return round(max(times) - t0, 3)
+
+
+def table(clean: ArmFigures | None, faulty: ArmFigures | None) -> list[str]:
+    """The lines of one backend's report."""
+    lines = []
+    for fig in (clean, faulty):
+        if fig is None:
+            continue
+        kept = ""
+        if fig is faulty and clean is not None and clean.steps_per_s > 0:
+            kept = f"{fig.steps_per_s / clean.steps_per_s:7.1%}"
+        same = "yes" if fig.versions_differing == 0 else f"NO ({fig.versions_differing} differ)"
+        lines.append(
+            f"{fig.backend:7} {'faults' if fig.faults_on else 'clean':7} {fig.steps_per_s:8.1f} {fig.samples_per_s:10.0f}"
+            f" {kept:>7} {len(fig.faults):6}  {same} ({fig.versions_compared} versions compared)"
+        )
+    if faulty is not None:
+        for f in faulty.faults:
+            extra = "" if f.started_s is None else f" (the new process up after {_s(f.started_s)})"
+            if f.stale is not None:
+                extra = f", stale reductions not averaged in: {f.stale}"
+            lines.append(
+                f"    at {f.at_s:6.1f} s {f.kind:4} {f.victim}: detected {_s(f.detected_s)}, survivors stepped "
+                f"{_s(f.survived_s)}, rejoined {_s(f.rejoined_s)}{extra}"
+            )
+    return lines
+
+
+HEADER = "backend arm      steps/s  samples/s    kept faults  weights identical after every step"
+
+
+def _s(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
