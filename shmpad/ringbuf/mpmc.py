@@ -406,7 +406,8 @@ class MPMCRing(ByteRing):
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
         """The next message as a copy; its slot is free again at once. Nothing is
-        left held."""
+        left held, and a message returned is never delivered again (a consumer that dies
+        holding a view loses that message: it is dropped and counted, never re-delivered)."""
         # one call into compiled code where the message is small: it is copied out and
         # its slot freed in the call (peek, then release: 1.3x the time for 64 B)
         r = self._take_small(self._ctl, self._small, _ring._pid)

@@ -319,8 +319,10 @@ class ByteRing(Blocking):
         return self._ro[off : off + (r & 0xFFFFFFFF)]
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy; its slot is free again at once. Nothing is
-        left held."""
+        """The next message as a copy. A message returned is never delivered again, even
+        if this process dies at once (a view taken with ``get`` and not released may be:
+        see the ring kinds). Its slot is free again at once, or, where views taken
+        before it are held and the ring frees in order (SPSC), with them."""
         self._drop_cache()
         r = self._peek(self._ctl, _pid)
         if r < 0:

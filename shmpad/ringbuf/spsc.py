@@ -11,10 +11,15 @@ publishes with one release store of HEAD; the consumer reads HEAD with an acquir
 load only when its cached copy (HEAD_SEEN) says the ring is empty, and the
 producer reads TAIL only when TAIL_SEEN says it is full. The read cursor READ runs
 ahead of TAIL while zero-copy views are held; ``release`` publishes it as TAIL.
-A consumer in a new process (READER differs) resumes from TAIL, so messages a dead
-consumer held but never released are delivered again. ``get_bytes`` reads ahead:
-one call into compiled code takes the run of messages available, and later calls
-hand them out from Python (see ``SPSCRing.get_bytes``).
+``get_bytes`` reads ahead: one call into compiled code takes the run of messages
+available, and later calls hand them out from Python (see ``SPSCRing.get_bytes``),
+freeing the run's slots when its last message is handed out; meanwhile DELIVERED
+counts the messages handed out as copies. A consumer in a new process (READER
+differs) resumes from the later of TAIL and DELIVERED: a message a dead consumer
+held as a view and never released is delivered again (at least once), a message it
+got as a copy never is (exactly once). Views taken before a copy are freed with it
+(SPSC frees in order), so a consumer that dies holding views and a later copy loses
+those views with it.
 
 One producer and one consumer at a time, each in one thread.
 """
@@ -34,6 +39,7 @@ from shmpad.ringbuf.layout import (
     CAPACITY,
     CLOSED,
     CLOSED_CODE,
+    DELIVERED,
     EMPTY,
     EV_NOT_EMPTY,
     EV_NOT_FULL,
@@ -73,9 +79,10 @@ def _free(ctl, head):
 
 @njit(nogil=True, cache=True)
 def _reader(ctl, pid):
-    """The read cursor, resumed from TAIL when a new consumer process takes over."""
+    """The read cursor, resumed from TAIL (or DELIVERED, past copies handed out but not
+    yet freed) when a new consumer process takes over."""
     if load_relaxed(ctl, READER) != pid:
-        store_relaxed(ctl, READ, load_relaxed(ctl, TAIL))
+        store_relaxed(ctl, READ, max(load_relaxed(ctl, TAIL), load_relaxed(ctl, DELIVERED)))
         store_relaxed(ctl, READER, pid)
     return load_relaxed(ctl, READ)
 
@@ -308,17 +315,24 @@ class SPSCRing(ByteRing):
         super().__init__(segment)
         self._refill = fast_entry(_refill, self._ctl, 0, 0)
         self._read_ahead = max(1, min(256, self.capacity // 4))
+        # DELIVERED is written with a plain store from Python (half a numpy store's cost):
+        # only this consumer writes it, and only a later consumer process reads it, after
+        # this one has died or handed over (no payload is ordered by it)
+        self._words = memoryview(self._ctl)
         self._cache_slot = 0  # slot of the first message of the run read ahead
+        self._cache_pos = 0  # its position (count of messages before it)
         self._cache_lens: list[int] = []  # lengths of the run's messages
         self._cache_next = 0  # index in the run of the next message to hand out
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy.
+        """The next message as a copy. A message returned is never delivered again,
+        even if this process dies before its slot is freed.
 
         Takes every message available (a run of consecutive slots, up to a quarter
-        of the ring) in one call into compiled code and hands them out one per call;
-        the run's slots are freed as its last message is handed out (or when this
-        handle gets views, releases or closes, which hand back the rest first)."""
+        of the ring) in one call into compiled code and hands them out one per call,
+        counting each in DELIVERED; the run's slots are freed as its last message is
+        handed out (or when this handle gets views, releases or closes, which hand
+        back the rest first). With views held, the copy's slot is freed with them."""
         i = self._cache_next
         lens = self._cache_lens
         if i >= len(lens):
@@ -331,13 +345,22 @@ class SPSCRing(ByteRing):
             self._cache_slot = r >> 32
             first = self._slot_words + self._cache_slot
             self._cache_lens = lens = self._ctl[first : first + k].tolist()
+            self._cache_pos = int(self._ctl[READ]) - k
             i = 0
         self._cache_next = i + 1
         off = self._slots_abs + (self._cache_slot + i) * self._stride
         data = self._mm[off : off + lens[i]]
         if i + 1 == len(lens):
             self._cache_lens = []
-            self._release(self._ctl, 0, 0)
+            self._release(self._ctl, 0, 0)  # TAIL passes the whole run
+        else:
+            self._words[DELIVERED] = self._cache_pos + i + 1  # after the copy: a death before it re-delivers
+        return data
+
+    def _copy_out(self, r: int) -> bytes:
+        data = super()._copy_out(r)
+        if self._held:  # its slot is freed with the views before it; until then DELIVERED says it left
+            self._words[DELIVERED] = int(self._ctl[READ])
         return data
 
     def _producers_wait_for_me(self) -> bool:
