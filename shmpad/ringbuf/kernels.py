@@ -25,6 +25,7 @@ class Kernels(NamedTuple):
     release: Callable
     watch_write: Callable
     watch_read: Callable
+    holder: Callable
 
     @classmethod
     def of(cls, namespace: dict[str, Any]) -> Kernels:

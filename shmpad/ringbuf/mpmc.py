@@ -364,6 +364,16 @@ def _held_at_head(ctl):
 
 
 @njit(nogil=True, cache=True)
+def _holder(ctl):
+    """The pid of the consumer that holds the previous lap's message in the slot at HEAD
+    (the slot the next put needs), else 0."""
+    slot = _held_at_head(ctl)
+    if slot < 0:
+        return 0
+    return load_acquire(ctl, _state_word(ctl, slot)) & PID_MASK
+
+
+@njit(nogil=True, cache=True)
 def _watch_read(ctl, pid):
     """(-1, 0) if a claim for reading could go ahead (or closed and drained); else the
     state word of the slot at TAIL and its value."""

@@ -45,7 +45,7 @@ from shmpad.ringbuf.layout import (
     round_up,
 )
 from shmpad.ringbuf.segment import CACHE_LINE, PAGE, Segment
-from shmpad.ringbuf.statistics import RingStatistics
+from shmpad.ringbuf.statistics import RingStatistics, with_holder
 from shmpad.ringbuf.wait import notify_always
 
 __all__ = ["ByteRing", "Kernels", "current_pid"]
@@ -458,7 +458,7 @@ class ByteRing(Blocking):
     def statistics(self) -> RingStatistics:
         c = self._ctl
         puts, gets, bytes_put, bytes_got = self._traffic()
-        return RingStatistics(
+        stats = RingStatistics(
             capacity=self.capacity,
             size=max(0, int(_load(c, HEAD)) - int(_load(c, TAIL))),
             puts=puts,
@@ -470,6 +470,8 @@ class ByteRing(Blocking):
             dead_claims_skipped=int(_load(c, DEAD_CLAIMS)),
             closed=bool(_load(c, CLOSED)),
         )
+        waiting = int(_load(c, EV_NOT_FULL + 1))  # the event's sleepers (wait.py)
+        return with_holder(stats, waiting, int(self.kernels.holder(c)))
 
     def _traffic(self) -> tuple[int, int, int, int]:
         """(puts, gets, bytes_put, bytes_got) since the ring was created."""

@@ -297,6 +297,16 @@ def _watch_read(ctl, pid):
     return HEAD, head
 
 
+@njit(nogil=True, cache=True)
+def _holder(ctl):
+    """The pid of the consumer that took, and has not freed, the message in the slot the
+    next put needs (the ring is full and its oldest message was read); else 0."""
+    tail = load_acquire(ctl, TAIL)  # pairs with store_release(TAIL) in _release
+    if load_relaxed(ctl, HEAD) - tail >= ctl[CAPACITY] and load_relaxed(ctl, READ) > tail:
+        return load_relaxed(ctl, READER)
+    return 0
+
+
 class SPSCRing(ByteRing):
     """A ring of byte messages for exactly one producer and one consumer.
 
