@@ -329,9 +329,10 @@ class SPSCRing(ByteRing):
         # only this consumer writes it, and only a later consumer process reads it, after
         # this one has died or handed over (no payload is ordered by it)
         self._words = memoryview(self._ctl)
-        self._cache_slot = 0  # slot of the first message of the run read ahead
+        self._cache_off = 0  # byte offset of the first message of the run read ahead
         self._cache_pos = 0  # its position (count of messages before it)
         self._cache_lens: list[int] = []  # lengths of the run's messages
+        self._cache_fast: list[int] = []  # those of all but its last (get_bytes' common case)
         self._cache_next = 0  # index in the run of the next message to hand out
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
@@ -344,27 +345,41 @@ class SPSCRing(ByteRing):
         handed out (or when this handle gets views, releases or closes, which hand
         back the rest first). With views held, the copy's slot is freed with them."""
         i = self._cache_next
+        try:  # every message of the run but its last: past them the index fails, at no cost before
+            n = self._cache_fast[i]
+        except IndexError:
+            return self._end_of_run(timeout)
+        self._cache_next = j = i + 1
+        off = self._cache_off + i * self._stride
+        data = self._mm[off : off + n]
+        self._words[DELIVERED] = self._cache_pos + j  # after the copy: a death before it re-delivers
+        return data
+
+    def _end_of_run(self, timeout: float | None) -> bytes:
+        """``get_bytes`` past the fast part of the run: its last message, whose hand-out
+        frees the run, or the first of a new run."""
         lens = self._cache_lens
-        if i >= len(lens):
+        if not lens:
             if self._held:
                 return super().get_bytes(timeout)
             r = self._refill(self._ctl, self._read_ahead, _ring._pid)
             if r < 0:
                 r = self._retry(r, self._refill_once, True, timeout, "get_bytes", None)
             k = r & 0xFFFFFFFF
-            self._cache_slot = r >> 32
-            first = self._slot_words + self._cache_slot
+            slot = r >> 32
+            first = self._slot_words + slot
             self._cache_lens = lens = self._ctl[first : first + k].tolist()
+            self._cache_fast = lens[:-1]
+            self._cache_off = self._slots_abs + slot * self._stride
             self._cache_pos = int(self._ctl[READ]) - k
-            i = 0
-        self._cache_next = i + 1
-        off = self._slots_abs + (self._cache_slot + i) * self._stride
+            self._cache_next = 0
+            if k > 1:
+                return self.get_bytes(timeout)
+        i = self._cache_next
+        off = self._cache_off + i * self._stride
         data = self._mm[off : off + lens[i]]
-        if i + 1 == len(lens):
-            self._cache_lens = []
-            self._release(self._ctl, 0, 0)  # TAIL passes the whole run
-        else:
-            self._words[DELIVERED] = self._cache_pos + i + 1  # after the copy: a death before it re-delivers
+        self._cache_lens = self._cache_fast = []
+        self._release(self._ctl, 0, 0)  # TAIL passes the whole run
         return data
 
     def _copy_out(self, r: int) -> bytes:
@@ -390,7 +405,7 @@ class SPSCRing(ByteRing):
         lens, i = self._cache_lens, self._cache_next
         if lens:
             _untake(self._ctl, len(lens) - i, sum(lens[i:]))
-            self._cache_lens = []
+            self._cache_lens = self._cache_fast = []
             if not self._held:
                 self._release(self._ctl, 0, 0)
 
