@@ -3,7 +3,8 @@
 A node here starts a grandchild that ignores SIGTERM (as a careless subprocess would)
 and then returns, raises, or waits for the stop. When the program has ended, the
 grandchild is gone; the same when the launcher itself is SIGKILLed while such a node
-runs (its janitor ends the node's process group)."""
+runs (its janitor ends the node's process group), and for helpers that leave the
+node's group (new sessions, daemons, forked workers): see shmpad/ringbuf/janitor.py."""
 
 from __future__ import annotations
 
@@ -214,6 +215,34 @@ def starts_helpers(pid_file: str, kinds: tuple[str, ...] = HELPER_KINDS) -> None
         json.dump(helpers, f)
     os.replace(pid_file + ".tmp", pid_file)
     lp.wait_for_stop()
+
+
+def stops_once_written(path: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, "the other node did not start its helpers"
+        time.sleep(0.02)
+    lp.stop()
+
+
+def test_what_a_node_execd_in_new_sessions_ends_when_the_node_ends(tmp_path):
+    """The launcher lives on (it is this process): the node's end is what ends its helpers."""
+    pid_file = str(tmp_path / "helpers")
+    program = lp.Program("orphans")
+    program.add_node(lp.PyNode(starts_helpers, pid_file, ("session", "daemon")), "node")
+    program.add_node(lp.PyNode(stops_once_written, pid_file), "stopper")
+    manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=1)
+    helpers: dict[str, int] = {}
+    try:
+        manager.wait()
+        with open(pid_file) as f:
+            helpers = json.load(f)
+        assert {kind: pid for kind, pid in helpers.items() if not _wait_gone(pid)} == {}
+    finally:
+        manager.stop_and_wait()
+        for pid in helpers.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 _HELPERS_LAUNCHER = """

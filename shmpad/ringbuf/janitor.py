@@ -13,12 +13,14 @@ every name still registered and SIGKILLs every process group still registered: t
 of a SIGKILLed launcher die with it (parent-death signal), and this ends what they had
 started in their groups (the groups outlive them).
 
-A launcher also sends ``t<ms>``, its termination notice, and marks its nodes' environment
-with the program's ``SHMPAD_PROGRAM`` token (``mark_environment``). The janitor then
-sweeps the program when the process that started it (the root, the launcher) exits: every
-process that is in a registered group, or holds the janitor's pipe (whatever was forked and
-not exec'd, in whatever session), or was exec'd with the program's token in its
-environment (helpers that ``setsid``, daemons that double-fork) gets SIGTERM; those
+A launcher also sends ``t<ms>``, its termination notice, and its nodes put
+``SHMPAD_PROGRAM=<token>.<node pid>`` into their environment (``mark_environment``). When
+the launcher reaps a node it sends ``k<node pid>``, and the janitor SIGKILLs what was
+exec'd with that node's mark, in whatever session (the node's group the launcher ends).
+And the janitor sweeps the program when the process that started it (the root, the
+launcher) exits: every process that is in a registered group, or holds the janitor's pipe
+(whatever was forked and not exec'd, in whatever session), or was exec'd with any of the
+program's marks (helpers that ``setsid``, daemons that double-fork) gets SIGTERM; those
 alive after the notice get SIGKILL, and the sweep repeats until it finds none. Without
 the sweep, a forked helper that ignores SIGTERM would hold the pipe open and keep the
 janitor waiting forever. Each process is pinned with a pidfd before it is examined, so a
@@ -47,6 +49,7 @@ __all__ = [
     "unregister_group",
     "set_notice",
     "mark_environment",
+    "end_node",
     "MARKER",
 ]
 
@@ -70,13 +73,19 @@ def exited(pidfd):
     return bool(select.select([pidfd], [], [], 0)[0])
 
 
+def marked(pid, node=None):
+    # exec'd with one of the program's marks (with node: that node's, token.<node pid>)
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    if node is not None:
+        return marker + b"." + node in entries
+    return any(e == marker or e.startswith(marker + b".") for e in entries)
+
+
 def member(pid):
     try:
-        if os.getpgid(pid) in groups:
+        if os.getpgid(pid) in groups or marked(pid):
             return True
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            if marker in f.read().split(b"\0"):
-                return True
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
@@ -89,7 +98,7 @@ def member(pid):
     return False
 
 
-def members():
+def members(test=member):
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
@@ -98,12 +107,24 @@ def members():
             pidfd = os.pidfd_open(int(entry))
         except OSError:
             continue
+        try:
+            yes = test(int(entry))
+        except OSError:
+            yes = False
         # alive after the check: the process examined is the one the pidfd pins
-        if member(int(entry)) and not exited(pidfd):
+        if yes and not exited(pidfd):
             found[int(entry)] = pidfd
         else:
             os.close(pidfd)
     return found
+
+
+def end_node(node):
+    # what the node exec'd, in whatever session (its group the launcher ended itself)
+    procs = members(lambda pid: marked(pid, node))
+    signal_all(procs, signal.SIGKILL)
+    for pidfd in procs.values():
+        os.close(pidfd)
 
 
 def wait_exits(procs, seconds):
@@ -146,6 +167,9 @@ def handle(line):
     line = line.strip()
     if line[:1] in (b"g", b"h") and line[1:].isdigit():
         (groups.add if line[:1] == b"g" else groups.discard)(int(line[1:]))
+        return
+    if line[:1] == b"k" and line[1:].isdigit():
+        end_node(line[1:])
         return
     if line[:1] == b"t" and line[1:].isdigit():
         notice = max(notice or 0.0, int(line[1:]) / 1000)
@@ -271,7 +295,12 @@ def set_notice(seconds: float) -> None:
 
 
 def mark_environment() -> None:
-    """Put the program's token into this process's environment, so that whatever it
-    execs can be found by the janitor's sweep (a launcher's node calls it first thing)."""
+    """Put the program's token and this process's pid into its environment, so that
+    whatever it execs can be found by the janitor (a launcher's node calls it first thing)."""
     if _write_fd() is not None and _token is not None:
-        os.environ[MARKER] = _token
+        os.environ[MARKER] = f"{_token}.{os.getpid()}"
+
+
+def end_node(pid: int) -> None:
+    """SIGKILL what node ``pid`` (reaped) exec'd with its mark, whatever session it leads."""
+    _send(f"k{int(pid)}")

@@ -34,7 +34,7 @@ class RingStatistics:
 
 
 def with_holder(stats: RingStatistics, producers_waiting: int, next_slot_held_by: int) -> RingStatistics:
-    """``stats`` with who waits on whom filled in (a new frozen instance)."""
+    """``stats``, just made, with who waits on whom filled in."""
     # a frozen dataclass's init=False fields are set as its own __post_init__ would
     object.__setattr__(stats, "producers_waiting", producers_waiting)
     object.__setattr__(stats, "next_slot_held_by", next_slot_held_by)
