@@ -347,6 +347,7 @@ class ByteRing(Blocking):
             view = self._get_view(timeout, "get_into")
             n = len(view)
             buf[:n] = np.frombuffer(view, dtype=np.uint8)
+            self._copied_while_held()
             return n
         r = self._take_into(self._ctl, buf, _pid)
         if r < 0:
@@ -389,6 +390,7 @@ class ByteRing(Blocking):
         data = self._mm[off : off + (r & 0xFFFFFFFF)]
         if self._held and self.RELEASES_IN_ORDER:
             self._held.append((slot, 1))  # freed with the views taken before it
+            self._copied_while_held()
         else:
             self._release(self._ctl, slot, 1)
         return data
@@ -425,6 +427,10 @@ class ByteRing(Blocking):
 
     def _drop_cache(self) -> None:
         """Kinds that read ahead for ``get_bytes`` put back what they have not handed out."""
+
+    def _copied_while_held(self) -> None:
+        """A copy was handed out whose slot stays held with earlier views (rings that free
+        in order): kinds that resume a new consumer from the held slots note that it left."""
 
     def release(self) -> None:
         """Free the slots of every view handed out by ``get``/``get_many`` so far."""

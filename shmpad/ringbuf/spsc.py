@@ -343,7 +343,8 @@ class SPSCRing(ByteRing):
         of the ring) in one call into compiled code and hands them out one per call,
         counting each in DELIVERED; the run's slots are freed as its last message is
         handed out (or when this handle gets views, releases or closes, which hand
-        back the rest first). With views held, the copy's slot is freed with them."""
+        back the rest first). With views held, the copy's slot is freed with them.
+        A message copied out by ``get_into`` is never delivered again either."""
         i = self._cache_next
         try:  # every message of the run but its last: past them the index fails, at no cost before
             n = self._cache_fast[i]
@@ -382,11 +383,9 @@ class SPSCRing(ByteRing):
         self._release(self._ctl, 0, 0)  # TAIL passes the whole run
         return data
 
-    def _copy_out(self, r: int) -> bytes:
-        data = super()._copy_out(r)
-        if self._held:  # its slot is freed with the views before it; until then DELIVERED says it left
-            self._words[DELIVERED] = int(self._ctl[READ])
-        return data
+    def _copied_while_held(self) -> None:
+        # its slot is freed with the views before it; until then DELIVERED says it left
+        self._words[DELIVERED] = int(self._ctl[READ])
 
     def _producers_wait_for_me(self) -> bool:
         # one consumer: every slot holds a message this handle was handed out
