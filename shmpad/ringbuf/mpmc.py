@@ -370,7 +370,7 @@ def _holder(ctl):
     slot = _held_at_head(ctl)
     if slot < 0:
         return 0
-    return load_acquire(ctl, _state_word(ctl, slot)) & PID_MASK
+    return load_acquire(ctl, _state_word(ctl, slot)) & PID_MASK  # pairs with the claim's cas in _claim_read
 
 
 @njit(nogil=True, cache=True)
