@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import platform
+import threading
 import time
 
 import helpers
@@ -14,7 +16,7 @@ import pytest
 from helpers.ring_workers import drain, fill, make_ring, ring_cls  # noqa: F401 - fixtures
 
 from shmpad.errors import Closed, Timeout, WouldBlock
-from shmpad.ringbuf import blocking
+from shmpad.ringbuf import MPMCRing, blocking
 from shmpad.ringbuf.control import EV_NOT_EMPTY, HEAD
 
 SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}[platform.machine().lower()]
@@ -338,3 +340,31 @@ def test_waits_that_time_out_bring_a_handle_to_its_least_spin(make_ring):
         with pytest.raises(Timeout):
             ring.get_bytes(timeout=0.001)
     assert ring._spin == blocking.SPIN_MIN
+
+
+# --- a producer stalled by a held view, made visible ----------------------------------------------
+
+
+def test_statistics_name_the_consumer_whose_held_view_a_waiting_producer_needs(make_ring, ring_cls):
+    ring = make_ring(capacity=4, slot_size=8)
+    fill(ring)
+    view = ring.get()  # the oldest message, in the slot the next put needs
+    if ring_cls is MPMCRing:
+        drain(ring)  # another consumer's work: the ring is empty, and still the put cannot go ahead
+    stats = ring.statistics()
+    assert (stats.producers_waiting, stats.next_slot_held_by) == (0, os.getpid())
+    producer = ring_cls.attach(ring.name)
+    putting = threading.Thread(target=producer.put, args=(b"next",), kwargs={"timeout": 60.0})
+    putting.start()
+    try:
+        assert helpers.wait_until(lambda: ring.statistics().producers_waiting == 1, 60.0), ring.statistics()
+        stats = ring.statistics()
+        assert stats.next_slot_held_by == os.getpid()
+        assert stats.size == (0 if ring_cls is MPMCRing else 4)
+        assert bytes(view) == b"\x00"
+    finally:
+        ring.release()
+        putting.join(60.0)
+    assert not putting.is_alive()
+    stats = ring.statistics()
+    assert (stats.producers_waiting, stats.next_slot_held_by) == (0, 0)

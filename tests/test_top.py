@@ -147,6 +147,39 @@ def test_a_json_sample_agrees_with_what_the_program_did():
         manager.stop_and_wait()
 
 
+def fills_then_waits(ring) -> None:
+    """Puts 3 items into a ring of 2: the third needs the slot of the first, which the holder holds."""
+    for i in range(3):
+        ring.put({"x": i}, timeout=DEADLINE_S)
+    lp.wait_for_stop(DEADLINE_S)
+
+
+def holds(ring) -> None:
+    ring.get(timeout=DEADLINE_S)  # a view, not released until the stop
+    lp.wait_for_stop(DEADLINE_S)
+    ring.release()
+
+
+def test_a_producer_waiting_on_a_held_slot_shows_the_holders_pid():
+    program = lp.Program("top-held")
+    ring = program.add_node(lp.RingNode(2, spec=SPEC), "held")
+    program.add_node(lp.PyNode(fills_then_waits, ring), "producer")
+    program.add_node(lp.PyNode(holds, ring), "holder")
+    manager = lp.launch(program, launch_type="test_mp", termination_notice_secs=10)
+    try:
+        sampler = Sampler(find_program(str(os.getpid())))
+        assert wait_until(lambda: sampler.sample()["rings"][0]["producers_waiting"] == 1, DEADLINE_S)
+        holder = manager.pids()["holder/0"]
+        (r,) = sample(str(os.getpid()))["rings"]  # what python -m shmpad.top --json says
+        assert (r["label"], r["producers_waiting"], r["held_by"]) == ("held", 1, holder)
+        shown = io.StringIO()
+        Console(file=shown, width=250).print(render(sampler.sample()))
+        (line,) = [ln for ln in shown.getvalue().splitlines() if ln.strip().startswith("held ")]
+        assert line.rstrip().endswith(f"pid {holder} (1 waiting)"), shown.getvalue()
+    finally:
+        manager.stop_and_wait()
+
+
 def test_without_a_program_it_lists_the_running_ones_and_refuses_an_unknown_one():
     program = lp.Program("top-list")
     program.add_node(lp.PyNode(lp.wait_for_stop, DEADLINE_S), "idle")

@@ -186,6 +186,7 @@ def launch(
     processes = kind in (LaunchType.LOCAL_MULTI_PROCESSING, LaunchType.TEST_MULTI_PROCESSING)
     if processes:
         janitor.start()  # before any fork, so that every node holds the janitor's pipe
+        janitor.set_notice(notice)  # and ends what the nodes started if this process dies first
     groups = _adapted_groups(program)
     nodes = _all_nodes(list({id(n): n for g in groups.values() for n in g}.values()))
     bind_addresses(nodes)

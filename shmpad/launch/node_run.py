@@ -186,6 +186,7 @@ def _child_body(w: NodeRun, program: str, launch_type: str, stop_r: int, req_w: 
     """What a forked node process runs: its context, title, stop watcher and flags, then the node."""
 
     def body() -> None:
+        janitor.mark_environment()  # what the node execs, in whatever session, the janitor can find
         stopper = context.StopController(request_fd=req_w)
         context.set_thread_context(None)
         ctx = context.NodeContext(program, launch_type, stopper, w.label, w.index, launch_config=w.resources)

@@ -364,6 +364,7 @@ class WorkerManager:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(w.pid, signal.SIGKILL)
         janitor.unregister_group(w.pid)
+        janitor.end_node(w.pid)  # and what it exec'd that left the group (setsid, daemons)
         try:
             _, status = os.waitpid(w.pid, 0)
             w.exit_code = os.waitstatus_to_exitcode(status)

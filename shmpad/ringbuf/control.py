@@ -11,7 +11,8 @@ indices below are word indices from the start of the data area)::
     1     8-15    consumers    TAIL (SPSC: messages released; MPMC: dequeue position),
                                READ (SPSC: read cursor), READER (SPSC: pid owning READ),
                                GETS, BYTES_GOT, WAITS_EMPTY, HEAD_SEEN (SPSC: the
-                               consumer's cached copy of HEAD)
+                               consumer's cached copy of HEAD), DELIVERED (SPSC: messages
+                               handed out as copies, freed or not)
     2     16-23   both         event NOT_EMPTY: seq, sleepers (see ``shmpad/shm/wait.py``)
     3     24-31   both         event NOT_FULL: seq, sleepers
     4     32-39   any          CLOSED, DEAD_CLAIMS
@@ -45,6 +46,7 @@ GETS = 11
 BYTES_GOT = 12
 WAITS_EMPTY = 13
 HEAD_SEEN = 14
+DELIVERED = 15
 
 EV_NOT_EMPTY = 16
 EV_NOT_FULL = 24
@@ -85,6 +87,7 @@ class Kernels(NamedTuple):
     release: Callable
     watch_write: Callable
     watch_read: Callable
+    holder: Callable
 
     @classmethod
     def of(cls, namespace: dict[str, Any]) -> Kernels:

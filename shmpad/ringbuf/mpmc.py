@@ -364,6 +364,16 @@ def _held_at_head(ctl):
 
 
 @njit(nogil=True, cache=True)
+def _holder(ctl):
+    """The pid of the consumer that holds the previous lap's message in the slot at HEAD
+    (the slot the next put needs), else 0."""
+    slot = _held_at_head(ctl)
+    if slot < 0:
+        return 0
+    return load_acquire(ctl, _state_word(ctl, slot)) & PID_MASK  # pairs with the claim's cas in _claim_read
+
+
+@njit(nogil=True, cache=True)
 def _watch_read(ctl, pid):
     """(-1, 0) if a claim for reading could go ahead (or closed and drained); else the
     state word of the slot at TAIL and its value."""
@@ -406,7 +416,8 @@ class MPMCRing(ByteRing):
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
         """The next message as a copy; its slot is free again at once. Nothing is
-        left held."""
+        left held, and a message returned is never delivered again (a consumer that dies
+        holding a view loses that message: it is dropped and counted, never re-delivered)."""
         # one call into compiled code where the message is small: it is copied out and
         # its slot freed in the call (peek, then release: 1.3x the time for 64 B)
         r = self._take_small(self._ctl, self._small, pids.pid)

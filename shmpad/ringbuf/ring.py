@@ -9,7 +9,7 @@ the calling process, and return a result >= 0 or a code from ``control.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -57,7 +57,15 @@ MAX_CAPACITY = (1 << 31) - 1
 
 @dataclass(frozen=True)
 class RingStatistics:
-    """Counters of a ring since it was created, summed over every process that used it."""
+    """Counters of a ring since it was created, summed over every process that used it,
+    and who waits on whom now.
+
+    ``producers_waiting`` counts the producers asleep until a slot is freed, and
+    ``next_slot_held_by`` is the pid of the consumer that holds the message in the slot
+    the next put needs (taken as a view, or read ahead, and not yet released), else 0.
+    Both non-zero: that consumer stalls the producers, even when every other message has
+    been read (a ring with no unread message and a blocked ``put``). Both are set by the
+    ring (``init=False``), so the counters above keep their constructor."""
 
     capacity: int
     size: int
@@ -69,6 +77,16 @@ class RingStatistics:
     waits_empty: int
     dead_claims_skipped: int
     closed: bool
+    producers_waiting: int = field(default=0, init=False)
+    next_slot_held_by: int = field(default=0, init=False)
+
+
+def with_holder(stats: RingStatistics, producers_waiting: int, next_slot_held_by: int) -> RingStatistics:
+    """``stats``, just made, with who waits on whom filled in."""
+    # a frozen dataclass's init=False fields are set as its own __post_init__ would
+    object.__setattr__(stats, "producers_waiting", producers_waiting)
+    object.__setattr__(stats, "next_slot_held_by", next_slot_held_by)
+    return stats
 
 
 def as_u8(data: Any) -> np.ndarray:
@@ -343,8 +361,10 @@ class ByteRing(Blocking):
         return self._ro[off : off + (r & 0xFFFFFFFF)]
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy; its slot is free again at once. Nothing is
-        left held."""
+        """The next message as a copy. A message returned is never delivered again, even
+        if this process dies at once (a view taken with ``get`` and not released may be:
+        see the ring kinds). Its slot is free again at once, or, where views taken
+        before it are held and the ring frees in order (SPSC), with them."""
         self._drop_cache()
         r = self._peek(self._ctl, pids.pid)
         if r < 0:
@@ -369,6 +389,7 @@ class ByteRing(Blocking):
             view = self._get_view(timeout, "get_into")
             n = len(view)
             buf[:n] = np.frombuffer(view, dtype=np.uint8)
+            self._copied_while_held()
             return n
         r = self._take_into(self._ctl, buf, pids.pid)
         if r < 0:
@@ -411,6 +432,7 @@ class ByteRing(Blocking):
         data = self._mm[off : off + (r & 0xFFFFFFFF)]
         if self._held and self.RELEASES_IN_ORDER:
             self._held.append((slot, 1))  # freed with the views taken before it
+            self._copied_while_held()
         else:
             self._release(self._ctl, slot, 1)
         return data
@@ -448,6 +470,10 @@ class ByteRing(Blocking):
     def _drop_cache(self) -> None:
         """Kinds that read ahead for ``get_bytes`` put back what they have not handed out."""
 
+    def _copied_while_held(self) -> None:
+        """A copy was handed out whose slot stays held with earlier views (rings that free
+        in order): kinds that resume a new consumer from the held slots note that it left."""
+
     def release(self) -> None:
         """Free the slots of every view handed out by ``get``/``get_many`` so far."""
         self._drop_cache()
@@ -480,7 +506,7 @@ class ByteRing(Blocking):
     def statistics(self) -> RingStatistics:
         c = self._ctl
         puts, gets, bytes_put, bytes_got = self._traffic()
-        return RingStatistics(
+        stats = RingStatistics(
             capacity=self.capacity,
             size=max(0, int(_load(c, HEAD)) - int(_load(c, TAIL))),
             puts=puts,
@@ -492,6 +518,8 @@ class ByteRing(Blocking):
             dead_claims_skipped=int(_load(c, DEAD_CLAIMS)),
             closed=bool(_load(c, CLOSED)),
         )
+        waiting = int(_load(c, EV_NOT_FULL + 1))  # the event's sleepers (wait.py)
+        return with_holder(stats, waiting, int(self.kernels.holder(c)))
 
     def _traffic(self) -> tuple[int, int, int, int]:
         """(puts, gets, bytes_put, bytes_got) since the ring was created."""

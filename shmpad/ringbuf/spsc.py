@@ -11,10 +11,15 @@ publishes with one release store of HEAD; the consumer reads HEAD with an acquir
 load only when its cached copy (HEAD_SEEN) says the ring is empty, and the
 producer reads TAIL only when TAIL_SEEN says it is full. The read cursor READ runs
 ahead of TAIL while zero-copy views are held; ``release`` publishes it as TAIL.
-A consumer in a new process (READER differs) resumes from TAIL, so messages a dead
-consumer held but never released are delivered again. ``get_bytes`` reads ahead:
-one call into compiled code takes the run of messages available, and later calls
-hand them out from Python (see ``SPSCRing.get_bytes``).
+``get_bytes`` reads ahead: one call into compiled code takes the run of messages
+available, and later calls hand them out from Python (see ``SPSCRing.get_bytes``),
+freeing the run's slots when its last message is handed out; meanwhile DELIVERED
+counts the messages handed out as copies. A consumer in a new process (READER
+differs) resumes from the later of TAIL and DELIVERED: a message a dead consumer
+held as a view and never released is delivered again (at least once), a message it
+got as a copy never is (exactly once). Views taken before a copy are freed with it
+(SPSC frees in order), so a consumer that dies holding views and a later copy loses
+those views with it.
 
 One producer and one consumer at a time, each in one thread.
 """
@@ -30,6 +35,7 @@ from shmpad.ringbuf.control import (
     CAPACITY,
     CLOSED,
     CLOSED_CODE,
+    DELIVERED,
     EMPTY,
     EV_NOT_EMPTY,
     EV_NOT_FULL,
@@ -73,9 +79,10 @@ def _free(ctl, head):
 
 @njit(nogil=True, cache=True)
 def _reader(ctl, pid):
-    """The read cursor, resumed from TAIL when a new consumer process takes over."""
+    """The read cursor, resumed from TAIL (or DELIVERED, past copies handed out but not
+    yet freed) when a new consumer process takes over."""
     if load_relaxed(ctl, READER) != pid:
-        store_relaxed(ctl, READ, load_relaxed(ctl, TAIL))
+        store_relaxed(ctl, READ, max(load_relaxed(ctl, TAIL), load_relaxed(ctl, DELIVERED)))
         store_relaxed(ctl, READER, pid)
     return load_relaxed(ctl, READ)
 
@@ -290,6 +297,16 @@ def _watch_read(ctl, pid):
     return HEAD, head
 
 
+@njit(nogil=True, cache=True)
+def _holder(ctl):
+    """The pid of the consumer that took, and has not freed, the message in the slot the
+    next put needs (the ring is full and its oldest message was read); else 0."""
+    tail = load_acquire(ctl, TAIL)  # pairs with store_release(TAIL) in _release
+    if load_relaxed(ctl, HEAD) - tail >= ctl[CAPACITY] and load_relaxed(ctl, READ) > tail:
+        return load_relaxed(ctl, READER)
+    return 0
+
+
 class SPSCRing(ByteRing):
     """A ring of byte messages for exactly one producer and one consumer.
 
@@ -308,37 +325,67 @@ class SPSCRing(ByteRing):
         super().__init__(segment)
         self._refill = fast_entry(_refill, self._ctl, 0, 0)
         self._read_ahead = max(1, min(256, self.capacity // 4))
-        self._cache_slot = 0  # slot of the first message of the run read ahead
+        # DELIVERED is written with a plain store from Python (half a numpy store's cost):
+        # only this consumer writes it, and only a later consumer process reads it, after
+        # this one has died or handed over (no payload is ordered by it)
+        self._words = memoryview(self._ctl)
+        self._cache_off = 0  # byte offset of the first message of the run read ahead
+        self._cache_pos = 0  # its position (count of messages before it)
         self._cache_lens: list[int] = []  # lengths of the run's messages
+        self._cache_fast: list[int] = []  # those of all but its last (get_bytes' common case)
         self._cache_next = 0  # index in the run of the next message to hand out
 
     def get_bytes(self, timeout: float | None = None) -> bytes:
-        """The next message as a copy.
+        """The next message as a copy. A message returned is never delivered again,
+        even if this process dies before its slot is freed.
 
         Takes every message available (a run of consecutive slots, up to a quarter
-        of the ring) in one call into compiled code and hands them out one per call;
-        the run's slots are freed as its last message is handed out (or when this
-        handle gets views, releases or closes, which hand back the rest first)."""
+        of the ring) in one call into compiled code and hands them out one per call,
+        counting each in DELIVERED; the run's slots are freed as its last message is
+        handed out (or when this handle gets views, releases or closes, which hand
+        back the rest first). With views held, the copy's slot is freed with them.
+        A message copied out by ``get_into`` is never delivered again either."""
         i = self._cache_next
+        try:  # every message of the run but its last: past them the index fails, at no cost before
+            n = self._cache_fast[i]
+        except IndexError:
+            return self._end_of_run(timeout)
+        self._cache_next = j = i + 1
+        off = self._cache_off + i * self._stride
+        data = self._mm[off : off + n]
+        self._words[DELIVERED] = self._cache_pos + j  # after the copy: a death before it re-delivers
+        return data
+
+    def _end_of_run(self, timeout: float | None) -> bytes:
+        """``get_bytes`` past the fast part of the run: its last message, whose hand-out
+        frees the run, or the first of a new run."""
         lens = self._cache_lens
-        if i >= len(lens):
+        if not lens:
             if self._held:
                 return super().get_bytes(timeout)
             r = self._refill(self._ctl, self._read_ahead, pids.pid)
             if r < 0:
                 r = self._retry(r, self._refill_once, True, timeout, "get_bytes", None)
             k = r & 0xFFFFFFFF
-            self._cache_slot = r >> 32
-            first = self._slot_words + self._cache_slot
+            slot = r >> 32
+            first = self._slot_words + slot
             self._cache_lens = lens = self._ctl[first : first + k].tolist()
-            i = 0
-        self._cache_next = i + 1
-        off = self._slots_abs + (self._cache_slot + i) * self._stride
+            self._cache_fast = lens[:-1]
+            self._cache_off = self._slots_abs + slot * self._stride
+            self._cache_pos = int(self._ctl[READ]) - k
+            self._cache_next = 0
+            if k > 1:
+                return self.get_bytes(timeout)
+        i = self._cache_next
+        off = self._cache_off + i * self._stride
         data = self._mm[off : off + lens[i]]
-        if i + 1 == len(lens):
-            self._cache_lens = []
-            self._release(self._ctl, 0, 0)
+        self._cache_lens = self._cache_fast = []
+        self._release(self._ctl, 0, 0)  # TAIL passes the whole run
         return data
+
+    def _copied_while_held(self) -> None:
+        # its slot is freed with the views before it; until then DELIVERED says it left
+        self._words[DELIVERED] = int(self._ctl[READ])
 
     def _producers_wait_for_me(self) -> bool:
         # one consumer: every slot holds a message this handle was handed out
@@ -357,7 +404,7 @@ class SPSCRing(ByteRing):
         lens, i = self._cache_lens, self._cache_next
         if lens:
             _untake(self._ctl, len(lens) - i, sum(lens[i:]))
-            self._cache_lens = []
+            self._cache_lens = self._cache_fast = []
             if not self._held:
                 self._release(self._ctl, 0, 0)
 

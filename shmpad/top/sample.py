@@ -8,12 +8,15 @@
                 "rss_bytes"}, ...],
      "rings": [{"label", "kind", "segment", "capacity", "size", "fill", "puts", "gets",
                 "puts_per_s", "gets_per_s", "waits_full", "waits_empty", "dead_claims",
-                "closed"}, ...],
+                "closed", "producers_waiting", "held_by"}, ...],
      "weights": [{"label", "segment", "version", "pulls", "versions_per_s", "pulls_per_s"}, ...],
      "rpc": [{"label", "segment", "calls", "calls_per_s", "queued", "answered",
               "ms_per_call", "latency_ms"}, ...],
      "counters": [{"node", "pid", "name", "value", "per_s"}, ...]}
 
+A ring's ``producers_waiting`` counts producers asleep until a slot is freed, and
+``held_by`` is the pid of the consumer holding (taken, not released) the message in
+the slot the next put needs, else 0: both non-zero, that consumer stalls the producers.
 A rate is None in the first sample (there is nothing to compare with yet); CPU % is
 the node process's own user+system time over the interval (not its children's). A
 courier's ``ms_per_call`` is the mean time its server spent on each call answered in
@@ -187,6 +190,8 @@ class Sampler:
                     "waits_empty": s.waits_empty,
                     "dead_claims": s.dead_claims_skipped,
                     "closed": s.closed,
+                    "producers_waiting": s.producers_waiting,
+                    "held_by": s.next_slot_held_by,
                 }
             )
         weights = []

@@ -39,6 +39,13 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
+def _held_by(ring: dict[str, Any]) -> Text:
+    """``pid N (k waiting)`` where producers wait on a slot a consumer holds, else empty."""
+    if not (ring.get("producers_waiting") and ring.get("held_by")):
+        return Text("")
+    return Text(f"pid {ring['held_by']} ({ring['producers_waiting']} waiting)", style="bold yellow")
+
+
 _STATE_STYLE = {"running": "green", "done": "cyan", "dead": "bold red", "pending": "yellow"}
 
 
@@ -65,7 +72,8 @@ def render(s: dict[str, Any]) -> Group:
     parts.append(nodes)
     if s["rings"]:
         rings = _table(
-            "rings  (full, empty: waits; dead: claims of dead processes skipped)",
+            "rings  (full, empty: waits; dead: claims of dead processes skipped; "
+            "held by: the consumer whose unreleased message waiting producers need)",
             "ring",
             "fill",
             "puts/s",
@@ -74,6 +82,7 @@ def render(s: dict[str, Any]) -> Group:
             "full",
             "empty",
             "dead",
+            "held by",
         )
         for r in s["rings"]:
             rings.add_row(
@@ -85,6 +94,7 @@ def render(s: dict[str, Any]) -> Group:
                 _num(r["waits_full"]),
                 _num(r["waits_empty"]),
                 _num(r["dead_claims"]),
+                _held_by(r),
             )
         parts.append(rings)
     if s["weights"]:
