@@ -1,6 +1,6 @@
 """Allreduce over loopback TCP: shmpad's PeerRing.allreduce side by side with torch.distributed (gloo).
 
-    python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB, ~30 s on 2 cores
+    python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB
     python -m bench.allreduce --quick                  # one short round: 2 peers, 1 and 16 MB, 1 repetition
     python -m bench.allreduce --peers 4 --sizes-mb 64 --reps 15
     python -m bench.allreduce --json                   # one JSON object per subject, peer count and size

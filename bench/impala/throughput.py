@@ -1,7 +1,7 @@
 """``python -m bench.impala.throughput``: where bench.impala's time goes. It takes
 bench.impala's flags (feed-forward models only) and measures instead of training.
 
-    python -m bench.impala.throughput                     # Pong, about 2 minutes on 2 cores
+    python -m bench.impala.throughput                     # Pong, 3 rounds of each measurement
     python -m bench.impala.throughput --total-frames 200000 --num-workers 4
 
 Two measurements, each in ``--rounds`` interleaved rounds (3; the order alternates each

@@ -1,6 +1,6 @@
 """Ring throughput: shmpad's SPSC and MPMC rings side by side with the usual IPC peers.
 
-    python -m bench.ringbuf                      # full run, ~4 minutes on 2 cores
+    python -m bench.ringbuf                      # full run: every subject, size and topology
     python -m bench.ringbuf --quick              # a few seconds: 1 round, 0.1 s, 64 B and 64 KiB
     python -m bench.ringbuf --sizes 4K --subjects 'shmpad-*,zmq-ipc,ceiling' --rounds 5
     python -m bench.ringbuf --json               # one JSON object per measurement and line

@@ -1,6 +1,6 @@
 """Same-host RPC speed: shmpad's RpcServer/RpcClient side by side with the usual peers.
 
-    python -m bench.rpc                         # full run, ~40 s on 2 cores
+    python -m bench.rpc                         # full run: every subject in both modes
     python -m bench.rpc --quick                 # a few seconds: 1 round, 0.2 s per measurement
     python -m bench.rpc --subjects shmpad,mp-pipe --rounds 7
     python -m bench.rpc --json                  # one JSON object per subject and mode
