@@ -23,6 +23,13 @@ def read(path: str) -> str:
         return f.read()
 
 
+def test_save_dir_reads_only_the_spelled_out_option():
+    assert evidence.save_dir(["--json", "--save", "out/a", "--rounds", "3"]) == "out/a"
+    assert evidence.save_dir(["--save=out/b"]) == "out/b"
+    assert evidence.save_dir(["--s", "1", "--json"]) == ""  # --seconds? --sizes? the benchmark's parser says
+    assert evidence.save_dir(["--common", "--save x"]) == ""  # another option's value
+
+
 def test_without_save_nothing_changes(tmp_path):
     stdout, stderr = sys.stdout, sys.stderr
     with evidence.saving(["--json", "--rounds", "3"], "bench.test"):

@@ -52,8 +52,9 @@ def add_save_option(parser: argparse.ArgumentParser) -> None:
 
 
 def save_dir(argv: Sequence[str]) -> str:
-    """The folder ``--save`` names in ``argv`` ("" when none)."""
-    parser = argparse.ArgumentParser(add_help=False)
+    """The folder ``--save`` names in ``argv`` ("" when none). Spelled out: an abbreviation that
+    the benchmark's own parser would find ambiguous (``--s``) must not make a folder here."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_save_option(parser)
     known, _ = parser.parse_known_args(list(argv))
     return known.save
