@@ -66,6 +66,19 @@ def test_save_keeps_output_report_and_machine_also_when_the_run_fails(tmp_path, 
     assert machine["nproc"] >= 1
 
 
+@pytest.mark.parametrize(
+    "error, kept",
+    [
+        (SystemExit("--rounds must be >= 1, got 0"), "--rounds must be >= 1, got 0\n"),
+        (KeyError("k"), "KeyError: 'k'\n"),
+    ],
+)
+def test_save_keeps_what_the_interpreter_prints_at_exit(tmp_path, error, kept):
+    with pytest.raises(type(error)), evidence.saving(["--save", str(tmp_path)], "bench.test"):
+        raise error
+    assert read(tmp_path / "stderr.txt").endswith(kept)
+
+
 def test_save_without_a_json_report_says_so(tmp_path, capsys):
     with evidence.saving(["--save", str(tmp_path)], "bench.test"):
         print("only a table")

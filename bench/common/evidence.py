@@ -14,7 +14,7 @@ benchmark writes that output itself, into ``DIR``:
                    the date and the exact argv
 
 The copy is made where Python writes (``sys.stdout``, ``sys.stderr``), forked children
-included: what a child process started with ``subprocess`` prints to the terminal itself
+included, with the error or traceback the interpreter prints as a failed run exits: what a child process started with ``subprocess`` prints to the terminal itself
 is not in it (``bench.impala.compare`` keeps its runs' logs with ``--keep DIR``).
 """
 
@@ -30,6 +30,7 @@ import os
 import platform
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
@@ -84,6 +85,16 @@ def saving(argv: Sequence[str], name: str) -> Iterator[None]:
             sys.stdout, sys.stderr = _Tee(stdout, out), _Tee(stderr, err)
             try:
                 yield
+            except SystemExit as e:
+                if e.code is not None and not isinstance(e.code, int):
+                    err.write(f"{e.code}\n")  # what the interpreter prints as it exits, after the copy ends
+                raise
+            except KeyboardInterrupt:
+                err.write("interrupted (Ctrl+C)\n")
+                raise
+            except BaseException:
+                err.write(traceback.format_exc())  # the interpreter prints it too, after the copy ends
+                raise
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
