@@ -66,6 +66,25 @@ def test_save_keeps_output_report_and_machine_also_when_the_run_fails(tmp_path, 
     assert machine["nproc"] >= 1
 
 
+def test_a_forked_child_that_unwinds_leaves_the_files_to_the_parent(tmp_path):
+    saving = evidence.saving(["--save", str(tmp_path)], "bench.test")
+    saving.__enter__()
+    try:
+        print('{"row": 1}')
+        pid = os.fork()
+        if pid == 0:
+            try:  # as a child that exits by SystemExit instead of os._exit unwinds through saving()
+                saving.__exit__(SystemExit, SystemExit(0), None)
+            finally:
+                os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert not os.path.exists(tmp_path / "report.jsonl")
+        assert "loadavg_end" not in json.loads(read(tmp_path / "machine.json"))
+    finally:
+        saving.__exit__(None, None, None)
+    assert read(tmp_path / "report.jsonl") == '{"row": 1}\n'
+
+
 @pytest.mark.parametrize(
     "error, kept",
     [

@@ -75,7 +75,7 @@ def saving(argv: Sequence[str], name: str) -> Iterator[None]:
     taken = [f for f in FILES if os.path.exists(os.path.join(directory, f))]
     if taken:
         raise SystemExit(f"{name}: --save {directory}: the folder already holds {', '.join(taken)}; name a new folder")
-    about = machine()
+    owner, about = os.getpid(), machine()
     _write_json(os.path.join(directory, "machine.json"), about)
     out_path, err_path = os.path.join(directory, "stdout.txt"), os.path.join(directory, "stderr.txt")
     try:
@@ -100,7 +100,8 @@ def saving(argv: Sequence[str], name: str) -> Iterator[None]:
                 sys.stderr.flush()
                 sys.stdout, sys.stderr = stdout, stderr
     finally:  # the run ends with SystemExit, and a failed or interrupted run's output is evidence too
-        _finish(directory, name, about)
+        if os.getpid() == owner:  # not in a forked child that unwinds instead of calling os._exit
+            _finish(directory, name, about)
 
 
 def _finish(directory: str, name: str, about: dict) -> None:
