@@ -73,7 +73,7 @@ class Args:
     """print one JSON object per subject, peer count and size instead of a table"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 2 peers, 1 and 16 MB, 1 repetition after 1 warm-up (overrides --peers, --sizes-mb, --reps, --warmup)"""
-    # Read by bench.common.harness.run_main before main() runs, so that the copy has every line.
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
     save: str = ""
     """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
     changes: int = 5

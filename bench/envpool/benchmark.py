@@ -80,7 +80,7 @@ class Args:
     """Print one JSON object per subject and line instead of tables."""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 1 s after 0.5 s of warm-up (overrides --rounds, --seconds, --warmup)"""
-    # Read by bench.common.harness.run_main before main() runs, so that the copy has every line.
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
     save: str = ""
     """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
 

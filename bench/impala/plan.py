@@ -20,7 +20,7 @@ measures the learner's side). A figure is stated only where its output is kept u
   --arm "--learner-threads 2" --rounds 3`` measures the 1-thread learner against a
   2-thread one on 2 cores; no kept figure yet. The actors get one actor with one worker
   per core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
-  convolutional models, once its compiling (tens of seconds) is behind it (``python -m
+  convolutional models, once its compiling is behind it (``python -m
   bench.impala.compare --arm "--compile on" --arm "--compile off" --rounds 3`` measures
   it; no kept figure yet); not for the MLP, whose update is overhead, nor for the LSTM
   core's step loop.
@@ -117,7 +117,7 @@ FAMILY_DEFAULTS = {
         entropy_cost=0.01,
         batch_size=16,
         # The MLP's update is short, so publishing after every one costs the learner fed from the ring
-        # a share of its rate; publishing every 10 ms keeps the policy lag to a few updates.
+        # a share of its rate; publishing every 10 ms keeps the policy lag low all the same.
         # `python -m bench.impala.throughput --env CartPole-v1 --publish-seconds 0` against
         # `--publish-seconds 0.01` (its learner subjects, bench.impala.learner_cost) measures the rate;
         # no kept figure yet, see docs/benchmarks.md.

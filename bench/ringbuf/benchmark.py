@@ -93,7 +93,7 @@ class Args:
     """after each shmpad measurement, print its rings' statistics() to stderr"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.1 s, 64 B and 64 KiB (overrides --rounds, --seconds, --sizes)"""
-    # Read by bench.common.harness.run_main before main() runs, so that the copy has every line.
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
     save: str = ""
     """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
 

@@ -82,7 +82,7 @@ class Args:
     """print one JSON object per subject and mode and line instead of tables"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.2 s (overrides --rounds, --seconds, --warmup)"""
-    # Read by bench.common.harness.run_main before main() runs, so that the copy has every line.
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
     save: str = ""
     """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
 
