@@ -1,6 +1,6 @@
 """Allreduce over loopback TCP: shmpad's PeerRing.allreduce side by side with torch.distributed (gloo).
 
-    python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB, ~30 s on 2 cores
+    python -m bench.allreduce                          # 2, 3, 4 peers x 1, 16, 64 MB
     python -m bench.allreduce --quick                  # one short round: 2 peers, 1 and 16 MB, 1 repetition
     python -m bench.allreduce --peers 4 --sizes-mb 64 --reps 15
     python -m bench.allreduce --json                   # one JSON object per subject, peer count and size
@@ -73,6 +73,9 @@ class Args:
     """print one JSON object per subject, peer count and size instead of a table"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 2 peers, 1 and 16 MB, 1 repetition after 1 warm-up (overrides --peers, --sizes-mb, --reps, --warmup)"""
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
+    save: str = ""
+    """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
     changes: int = 5
     """repetitions of each member-list change (join, SIGKILL) per backend (0: measure none)"""
     change_peers: int = 3

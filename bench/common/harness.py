@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from bench.common.evidence import saving
 from shmpad.launch.process import die_with_parent, fork
 
 __all__ = [
@@ -91,16 +92,18 @@ def end(procs: list) -> None:
 
 
 def run_main(main: Callable[[], int], name: str) -> None:
-    """Run a benchmark's ``main`` as the program and exit with its status. SIGTERM and
-    Ctrl+C unwind through the measurement's ``finally`` (which kills its children): exit
-    128 + the signal, and 130 with a line saying so."""
+    """Run a benchmark's ``main`` as the program and exit with its status, its evidence
+    kept where ``--save DIR`` says (``bench.common.evidence``). SIGTERM and Ctrl+C unwind
+    through the measurement's ``finally`` (which kills its children): exit 128 + the
+    signal, and 130 with a line saying so."""
 
     def exit_on_sigterm(signum, frame) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
-        sys.exit(main())
+        with saving(sys.argv[1:], name):
+            sys.exit(main())
     except KeyboardInterrupt:
         print(f"\n{name}: interrupted; every child was killed", file=sys.stderr)
         sys.exit(130)

@@ -1,6 +1,6 @@
 """Atari environment throughput: the shmpad pool side by side with its peers and the ceiling.
 
-    python -m bench.envpool                   # 3 rounds of 6 s per subject, ~3 minutes on 2 cores
+    python -m bench.envpool                   # 3 rounds of 6 s per subject
     python -m bench.envpool --quick           # one short round (1 s per subject): a smoke run
     python -m bench.envpool --json            # one JSON object per subject and line
     python -m bench.envpool --subjects ceiling,shmpad-random --rounds 5
@@ -10,8 +10,8 @@ Every subject steps ``--env`` (default ALE/Pong-v5) with the IMPALA/moolib prepr
 30 no-ops, grayscale 84x84, 4-frame stack) and uniformly random actions, on ``--cores``
 cores, and counts emulator frames (frame skip included) per second. Every subject draws
 its random actions the same way, a block of batches at a time (``RandomActions``): one
-numpy call per batch costs ~100 us in a process that wakes on a core whose caches the
-emulator has just filled, which is the policy's cost, not the framework's.
+numpy call per batch is slow in a process that wakes on a core whose caches the
+emulator has just filled, and that is the policy's cost, not the framework's.
 
 - ceiling: one independent process per core stepping ``num_envs / cores`` environments
   in a plain loop (shmpad's ``AtariEnv``: the ALE plus the numba preprocessing); no
@@ -80,6 +80,9 @@ class Args:
     """Print one JSON object per subject and line instead of tables."""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 1 s after 0.5 s of warm-up (overrides --rounds, --seconds, --warmup)"""
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
+    save: str = ""
+    """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 
+from bench.common.evidence import add_save_option, saving
 from bench.impala import train
 
 __all__ = ["main", "steady", "parse_args"]
@@ -71,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", default="", metavar="DIR", help="keep every run's folder under DIR (default: a temporary folder)"
     )
+    add_save_option(parser)  # read where the program starts (``saving``), so that the copy has every line
     args = parser.parse_args(argv)
     if len(args.arm) < 2:
         parser.error(f"give at least 2 --arm to compare, got {len(args.arm)}")
@@ -250,4 +252,5 @@ def _print(args: argparse.Namespace, report: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with saving(sys.argv[1:], "bench.impala.compare"):
+        sys.exit(main())

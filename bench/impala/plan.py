@@ -6,30 +6,36 @@ defaults besides ``Args``' own fields. Every option the user gave wins; the job 
 plan as one line before it starts.
 
 The rules, and the measurements behind them (this repository's 2-core CPU machine,
-torch 2.13; ``bench.impala.learner_cost``, run by ``python -m bench.impala.throughput``, measures the learner's side):
+torch 2.13; ``bench.impala.learner_cost``, run by ``python -m bench.impala.throughput``,
+measures the learner's side). A figure is stated only where its output is kept under
+``docs/results/``; for the other rules the command that would measure them is named
+(docs/benchmarks.md lists what has no kept figure yet):
 
-- CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 takes
-  0.5-1.2 s; two env workers make 10K+ frames/s), yet it gets only half the cores as
-  torch threads (an MLP's tiny update one): the actors keep running beside it, and a
-  torch thread that loses its core stalls the others at every barrier. On 2 cores the
-  whole job ran 1.5-1.6x faster with a 1-thread learner than with a 2-thread one
-  (interleaved rounds, compiled both). The actors get one actor with one worker per
-  core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
-  convolutional models (1.5x per update after about 20 s of compiling); not for the
-  MLP, whose update is overhead, nor for the LSTM core's step loop.
-- CPU, an MLP (CartPole): the actors are the bottleneck, not their env workers (10-20%
-  busy) but each actor's own loop (its Python and its small network), so there is one
-  actor per core up to 2 (with 2 the learner is busy 82-89% of the time: more actors
-  would only lengthen the policy lag), each with 2 workers of 32 environments (bigger
-  batches spread the loop's cost), and nothing is pinned (the learner is idle most of
-  the time, and its core should not be kept from the actors). On 2 cores that ran the CartPole job at 68-76K
-  frames/s against 36-38K for the Nature CNN's plan (1 actor x 2 workers x 16, pinned;
-  3 interleaved rounds), with a policy lag of 6.5-7 updates instead of 1-2; every one of
-  five such runs scored 500. ``python -m bench.impala.compare --common "--env CartPole-v1"
-  --arm "" --arm "--num-actors 1 --num-workers 2 --envs-per-worker 16 --pin on"`` reruns
-  it (1.9x again later: 60.8K against 32.7K frames/s, medians of 3 rounds). 64
-  environments per worker ran 75-81K frames/s, but at a lag of 11 updates one run in
-  three collapsed to a return of 9.
+- CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 took
+  480-590 ms in the default Pong job, docs/results/cpu-pinning; the env workers step far more
+  frames than it consumes, which ``python -m bench.envpool`` measures), yet it gets only
+  half the cores as torch threads (an MLP's tiny update one): the actors keep running
+  beside it, and a torch thread that loses its core stalls the others at every barrier.
+  ``python -m bench.impala.compare --common "--compile on" --arm "--learner-threads 1"
+  --arm "--learner-threads 2" --rounds 3`` measures the 1-thread learner against a
+  2-thread one on 2 cores; no kept figure yet. The actors get one actor with one worker
+  per core, which sleep whenever the trajectory ring is full. ``torch.compile`` pays for
+  convolutional models, once its compiling is behind it (``python -m
+  bench.impala.compare --arm "--compile on" --arm "--compile off" --rounds 3`` measures
+  it; no kept figure yet); not for the MLP, whose update is overhead, nor for the LSTM
+  core's step loop.
+- CPU, an MLP (CartPole): the actors are the bottleneck, not their env workers but each
+  actor's own loop (its Python and its small network), so there is one actor per core
+  up to 2 (more would only lengthen the policy lag once the learner is busy most of the
+  time), each with 2 workers of 32 environments (bigger batches spread the loop's cost),
+  and nothing is pinned (the learner is idle most of the time, and its core should not
+  be kept from the actors). ``python -m bench.impala.compare --common "--env
+  CartPole-v1" --arm "" --arm "--num-actors 1 --num-workers 2 --envs-per-worker 16 --pin
+  on" --rounds 3`` measures this plan against the Nature CNN's flags (frames/s, the env
+  workers' busy share, the learner's waiting, the policy lag and each run's return); no
+  kept figure yet. Larger batches (``--envs-per-worker 64``) raise the policy lag, and a
+  lag that grows too far can make a CartPole run collapse: check the returns, not only
+  the frames/s, before changing the plan.
 - CPU, bf16: where the CPU computes bf16 natively (AVX512-BF16 or AMX), the learner of
   a convolutional model runs under bf16 autocast: on this machine's AMD EPYC (Zen 4,
   avx512_bf16) a compiled 1-thread Nature-CNN update ran 1.81-2.08x as many updates/s as
@@ -40,7 +46,8 @@ torch 2.13; ``bench.impala.learner_cost``, run by ``python -m bench.impala.throu
   neither preempts the other (``PythonProcess(cpus=...)``): the default Pong job ran
   1.22x faster pinned with the learner in fp32 (median of 4 interleaved rounds; its
   learner took 480-490 ms per update instead of 550-590), and 1.03x with it in bf16
-  (3 rounds; the actor's core is then as much the limit as the learner).
+  (3 rounds; the actor's core is then as much the limit as the learner):
+  docs/results/cpu-pinning.
 - CUDA: the GPU does the learner's arithmetic, so the cores go to the environments:
   one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
   environments each, the learner's host side on one thread. bf16 autocast. On one H100
@@ -75,10 +82,14 @@ PIN_BY_DEFAULT = True
 """whether ``--pin auto`` pins a convolutional model's job on a CPU: yes, 1.22x frames/s on 2 cores with an fp32 learner, 1.03x with bf16 (docs/results/cpu-pinning)"""
 ENVS_PER_WORKER = 16
 MLP_MAX_ACTORS = 2
-"""an MLP's actors on a CPU, one per core up to this: with 2 the learner already waited only 11-18%
-of the time, so more actors would add policy lag (unrolls waiting for the ring), not frames"""
+"""an MLP's actors on a CPU, one per core up to this: once the learner rarely waits for data, more
+actors add policy lag (unrolls waiting for the ring), not frames. ``python -m bench.impala.compare
+--common "--env CartPole-v1" --arm "" --arm "--num-actors 3" --rounds 3`` measures it (the learner's
+waiting and the lag); no kept figure yet, see docs/benchmarks.md"""
 MLP_ENVS_PER_WORKER = 32
-"""an MLP's actors on a CPU: 32 environments per worker ran the CartPole job 1.19x and 1.33x as fast as 16 (two interleaved rounds)"""
+"""an MLP's actors on a CPU: bigger batches spread each actor's loop over more environments.
+``python -m bench.impala.compare --common "--env CartPole-v1" --arm "" --arm "--envs-per-worker 16"
+--rounds 3`` measures it against 16; no kept figure yet, see docs/benchmarks.md"""
 
 
 APPO_EPOCHS_GPU = 4
@@ -97,7 +108,7 @@ ALGO_DEFAULTS = {
 options given on the command line win over them."""
 
 FAMILY_DEFAULTS = {
-    # tests/test_bench_impala.py's CartPole run: 7 runs scored 480-500 with these (the actors use 16 envs per worker)
+    # The settings tests/test_bench_impala.py's CartPole run learns with (its actors use 16 envs per worker).
     "classic_control": dict(
         model="mlp",
         total_frames=750_000,
@@ -105,11 +116,11 @@ FAMILY_DEFAULTS = {
         discount=0.98,
         entropy_cost=0.01,
         batch_size=16,
-        # The MLP's update takes about 2 ms: publishing after every one cost the learner fed from the
-        # ring 5% of its rate (0.835x -> 0.875x its bare loop: 8 interleaved rounds of
-        # bench.impala.throughput's two learner subjects, bench.impala.learner_cost, run from a script
-        # not kept). Every 10 ms, 5 runs of tests/test_bench_impala.py's CartPole job each way scored
-        # 491-500 against 482-500, with a policy lag of 1.8 updates against 0.9-1.4.
+        # The MLP's update is short, so publishing after every one costs the learner fed from the ring
+        # a share of its rate; publishing every 10 ms keeps the policy lag low all the same.
+        # `python -m bench.impala.throughput --env CartPole-v1 --publish-seconds 0` against
+        # `--publish-seconds 0.01` (its learner subjects, bench.impala.learner_cost) measures the rate;
+        # no kept figure yet, see docs/benchmarks.md.
         publish_seconds=0.01,
     ),
 }

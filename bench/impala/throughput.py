@@ -1,7 +1,7 @@
 """``python -m bench.impala.throughput``: where bench.impala's time goes. It takes
 bench.impala's flags (feed-forward models only) and measures instead of training.
 
-    python -m bench.impala.throughput                     # Pong, about 2 minutes on 2 cores
+    python -m bench.impala.throughput                     # Pong, 3 rounds of each measurement
     python -m bench.impala.throughput --total-frames 200000 --num-workers 4
 
 Two measurements, each in ``--rounds`` interleaved rounds (3; the order alternates each
@@ -50,6 +50,7 @@ import time
 from typing import Any
 
 import shmpad as lp
+from bench.common.evidence import SAVE_HELP, add_save_option, saving
 from bench.common.harness import in_own_tree
 from bench.impala import train, usage
 from bench.impala.learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS
@@ -381,9 +382,14 @@ def _print(job: train.Job, report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--rounds", type=int, default=ROUNDS)
+    add_save_option(own)  # read where the program starts (``saving``), so that the copy has every line
     mine, rest = own.parse_known_args(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(rest):
-        print(f"bench.impala.throughput's own option: --rounds N  interleaved rounds of each measurement [{ROUNDS}]\n")
+        print(
+            "bench.impala.throughput's own options:\n"
+            f"  --rounds N  interleaved rounds of each measurement [{ROUNDS}]\n"
+            f"  --save DIR  {SAVE_HELP}\n"
+        )
     args = train.parse_args(rest, prog="python -m bench.impala.throughput", defaults=DEFAULTS)
     if mine.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {mine.rounds}")
@@ -394,4 +400,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with saving(sys.argv[1:], "bench.impala.throughput"):
+        sys.exit(main())

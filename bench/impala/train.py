@@ -1,6 +1,6 @@
 """IMPALA (V-trace) on Atari with shmpad: the project's main job.
 
-    python -m bench.impala                                  # a short Pong run (about 2 minutes on 2 cores)
+    python -m bench.impala                                  # a short Pong run: 200K frames, a smoke test
     python -m bench.impala --env ALE/Breakout-v5 --total-frames 50_000_000 --model deep
     python -m bench.impala --env CartPole-v1                # any gymnasium id; classic control gets its own defaults
     python -m bench.impala --resume --out runs/ale-pong-v5-20250101-120000   # continue that run
@@ -94,7 +94,7 @@ class Args:
     learning_rate: float = 6e-4
     """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
     lr_decay_frames: int = 0
-    """frames over which the learning rate decays linearly to 0 (0: --total-frames); published IMPALA runs decay over 200M whatever they stop at"""
+    """frames over which the learning rate decays linearly to 0 (0: --total-frames); moolib's Atari configuration decays over 200M frames whatever it stops at"""
     entropy_cost: float = 6e-4
     """weight of the entropy bonus"""
     baseline_cost: float = 0.5

@@ -74,7 +74,7 @@ CHOICES = {
     "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
 }
 EXAMPLES = """examples:
-  python -m bench.impala                                   a 200K-frame Pong smoke test (2-3 minutes on 2 cores)
+  python -m bench.impala                                   a 200K-frame Pong smoke test
   python -m bench.impala --env CartPole-v1                 CartPole with its own defaults (750K frames, mlp)
   python -m bench.impala --env ALE/Breakout-v5 --model deep --full-action-space --total-frames 50_000_000
   python -m bench.impala --model deep --last-action-reward --full-action-space --lr-decay-frames 200_000_000 --total-frames 50_000_000

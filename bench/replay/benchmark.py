@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+from bench.common.evidence import add_save_option
 from bench.common.harness import FORK, child, end, nothing
 from bench.common.report import exit_status, fmt_rate, fmt_ratio, verdict
 from bench.replay.contract import BATCH, CAPACITY, KINDS, make_item
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     parser.add_argument("--quick", action="store_true", help="one short round, to see that it runs")
+    add_save_option(parser)  # read where the program starts (run_main), so that the copy has every line
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     scale = 0.1 if args.quick else 1.0

@@ -1,6 +1,6 @@
 """Ring throughput: shmpad's SPSC and MPMC rings side by side with the usual IPC peers.
 
-    python -m bench.ringbuf                      # full run, ~4 minutes on 2 cores
+    python -m bench.ringbuf                      # full run: every subject, size and topology
     python -m bench.ringbuf --quick              # a few seconds: 1 round, 0.1 s, 64 B and 64 KiB
     python -m bench.ringbuf --sizes 4K --subjects 'shmpad-*,zmq-ipc,ceiling' --rounds 5
     python -m bench.ringbuf --json               # one JSON object per measurement and line
@@ -93,6 +93,9 @@ class Args:
     """after each shmpad measurement, print its rings' statistics() to stderr"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.1 s, 64 B and 64 KiB (overrides --rounds, --seconds, --sizes)"""
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
+    save: str = ""
+    """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

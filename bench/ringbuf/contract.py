@@ -124,8 +124,10 @@ def idler(spins: int = 64) -> Callable[[], None]:
     Pure spinning starves a peer that is waiting for a core (every busy machine
     has one sometimes; 4->1 on 2 cores always); yielding at once hands the core to
     any other program for the rest of a time slice. On the noisy 2-core machine
-    this was written on, each extreme lost 2x to 4x to the other under some load;
-    this bounded spin stayed within ~15% of the better one where it was tried."""
+    this was written on, each extreme lost badly to the other under some load, and
+    this bounded spin stayed close to the better one where it was tried (``python -m
+    bench.ringbuf --producers 1,4`` with ``spins`` changed measures it; no kept figure
+    yet, see docs/benchmarks.md)."""
     count = 0
 
     def idle() -> None:

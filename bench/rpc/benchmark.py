@@ -1,6 +1,6 @@
 """Same-host RPC speed: shmpad's RpcServer/RpcClient side by side with the usual peers.
 
-    python -m bench.rpc                         # full run, ~40 s on 2 cores
+    python -m bench.rpc                         # full run: every subject in both modes
     python -m bench.rpc --quick                 # a few seconds: 1 round, 0.2 s per measurement
     python -m bench.rpc --subjects shmpad,mp-pipe --rounds 7
     python -m bench.rpc --json                  # one JSON object per subject and mode
@@ -82,6 +82,9 @@ class Args:
     """print one JSON object per subject and mode and line instead of tables"""
     quick: bool = False
     """one short round of every measurement, to see that it runs (noisy numbers): 1 round of 0.2 s (overrides --rounds, --seconds, --warmup)"""
+    # Read where the program starts (bench.common.evidence.saving), so that the copy has every line.
+    save: str = ""
+    """write the run's evidence into this folder: its stdout, stderr, JSON report and machine.json"""
 
 
 def parse_args(argv: list[str] | None = None) -> Args:

@@ -46,7 +46,9 @@ from shmpad.net.wire import Connection, Kind
 
 __all__ = ["CHUNK_BYTES", "REDUCE_DTYPES", "PeerRing"]
 
-CHUNK_BYTES = 1 << 20  # gloo's segment size too; 512 KiB measured no faster, 256 KiB slower
+# gloo's segment size too. ``python -m bench.allreduce`` with this changed measures other sizes
+# against it; no kept figure yet, see docs/benchmarks.md.
+CHUNK_BYTES = 1 << 20
 REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
 REDUCE_OPS = ("sum", "mean")
 

@@ -74,8 +74,9 @@ __all__ = ["AUTO_GLOO_FROM", "BACKENDS", "TorchGroup", "ask", "check_backend", "
 BACKENDS = ("shmpad", "gloo", "nccl", "auto")
 AUTO_GLOO_FROM = 4
 """``backend="auto"`` on CPU: the shmpad ring for groups smaller than this, gloo from
-this size on (``python -m bench.allreduce``: the ring is faster at 2 and 3 peers and
-ties gloo at 4, see the README's figures)"""
+this size on: the ring ran ahead of gloo in small groups, and gloo catches up as the group grows.
+``python -m bench.allreduce --json`` measures both at 2, 3 and 4 peers; no kept figure yet,
+see docs/benchmarks.md"""
 log = logging.getLogger("shmpad.net")
 
 GRACE_S = 5.0  # past the group's own timeout, how long a wait lasts before the caller gives up

@@ -9,10 +9,11 @@ or that slept but was over within ``QUICK_NS`` (a longer spin would have caught 
 doubles the handle's budget (up to ``SPIN``); a longer wait halves it (down to
 ``SPIN_MIN``). Spinning pays when the peer runs on another core at the same
 time; on a machine with more runnable threads than cores the peer is mostly off the
-CPU, the spin burns the time slice it needs, and the futex is the faster way back
-(``bench.rpc --quick`` on 2 cores shared with other work, fixed ``SPIN`` against
-adapting, medians of interleaved runs: shmpad/Pipe from 0.08-0.14x to 0.8-0.9x in
-sync and from 0.43-0.53x to 0.77x with 16 calls in flight).
+CPU, the spin burns the time slice it needs, and the futex is the faster way back.
+``python -m bench.rpc --subjects shmpad,mp-pipe`` on 2 cores shared with other work,
+run with a fixed ``SPIN`` and with adapting, in interleaved runs, measures it (shmpad's
+calls/s against ``multiprocessing.Pipe``'s, sync and with 16 calls in flight); no kept
+figure yet, see docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ EV_NOT_FULL only when it frees the last slot of a batch, or finds the slot after
 ones it freed free already (a consumer that released out of order: without this, its
 release of the slot at HEAD would wake nobody). Woken at every release, four producers
 of a full ring cost the consumer a futex_wake per message and then took the core from
-it, one message each: 4->1 at 64 B moved 4.5x fewer messages (bench.ringbuf). A producer waits on the state word
+it, one message each: 4->1 at 64 B moved far fewer messages (``python -m bench.ringbuf --sizes 64
+--producers 4`` measures it; no kept figure yet, see docs/benchmarks.md). A producer waits on the state word
 of the last slot of HEAD's batch (HEAD's own where that one is free already), never
 while the slot at HEAD is free, and a release that wakes nobody costs a sleeping
 producer at most a sleep chunk: it then looks at HEAD again.
@@ -419,7 +420,7 @@ class MPMCRing(ByteRing):
         left held, and a message returned is never delivered again (a consumer that dies
         holding a view loses that message: it is dropped and counted, never re-delivered)."""
         # one call into compiled code where the message is small: it is copied out and
-        # its slot freed in the call (peek, then release: 1.3x the time for 64 B)
+        # its slot freed in the call (peek, then release is two calls, slower for small messages)
         r = self._take_small(self._ctl, self._small, pids.pid)
         if r < 0:
             r = self._retry(r, self._take_small_once, True, timeout, "get_bytes", None)

@@ -2,12 +2,13 @@
 reads the client's replies itself, and it makes its lock only when someone needs it.
 
 ``concurrent.futures.Future`` makes a ``threading.Condition`` (an RLock, a deque, five
-bound methods) when it is made, and takes it to settle and to read the result: about
-2 us of a call's 7 us on the client, and the garbage that runs the cycle collector
-every few dozen calls. Most futures are made, settled by the thread that reads
-replies and read by the thread that made them, and never need it. So the condition
-is made on first use, by whichever ``Future`` method takes it (``wait``,
-``as_completed``, ``add_done_callback``, ``cancel``, ``done``, ``running``, repr);
+bound methods) when it is made, and takes it to settle and to read the result: a
+sizeable share of a call's cost on the client (``python -m bench.rpc --subjects shmpad``
+measures calls/s; no kept figure yet, see docs/benchmarks.md), and the garbage that
+runs the cycle collector every few dozen calls. Most futures are made, settled by the
+thread that reads replies and read by the thread that made them, and never need it.
+So the condition is made on first use, by whichever ``Future`` method takes it
+(``wait``, ``as_completed``, ``add_done_callback``, ``cancel``, ``done``, ``running``, repr);
 until then the future is settled and read without it:
 
     settle (reply reader)                    any Future method (any thread)

@@ -10,8 +10,10 @@ __all__ = ["fast_entry"]
 def fast_entry(dispatcher, *example_args):
     """The compiled entry point of ``dispatcher`` for arguments typed like ``example_args``.
 
-    Calling the entry point skips numba's per-call type dispatch (about half of the
-    ~250 ns a small call costs). Callers must pass exactly those types."""
+    Calling the entry point skips numba's per-call type dispatch, a large share of what a
+    small call costs (timing a loop of small calls through the dispatcher and through the
+    entry point measures it; no kept figure, see docs/benchmarks.md). Callers must pass
+    exactly those types."""
     sig = tuple(typeof(a) for a in example_args)
     dispatcher.compile(sig)
     cres = dispatcher.overloads.get(sig)
