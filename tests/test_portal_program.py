@@ -101,8 +101,10 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: pathlib.Path):
     try:
         # running: the learner has trained, so every process serves or calls
         assert wait_until(
-            lambda: (tmp_path / "logger.json").exists()
-            and json.loads((tmp_path / "logger.json").read_text()).get("train/steps", 0) >= 2,
+            lambda: (
+                (tmp_path / "logger.json").exists()
+                and json.loads((tmp_path / "logger.json").read_text()).get("train/steps", 0) >= 2
+            ),
             HANG_S,
             interval=0.05,
         )
