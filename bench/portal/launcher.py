@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     logdir = pathlib.Path(args.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
     portal.setup(errfile=logdir / "error", interval=args.interval)
-    ports = {name: portal.free_port() for name in ("actor", "replay", "logger")}
+    ports: dict = {}
+    while len(set(ports.values())) < 3:  # free_port() may name one port twice
+        ports = {name: portal.free_port() for name in ("actor", "replay", "logger")}
     workers = [
         portal.Process(logger, args, ports, name="logger"),
         portal.Process(replay, args, ports, name="replay"),

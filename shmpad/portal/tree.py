@@ -20,8 +20,8 @@ from shmpad.ringbuf.segment import PREFIX, SHM_DIR
 __all__ = ["proc_alive", "children", "descendants", "kill_tree", "remove_segments_of"]
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """The state letter and parent pid of ``pid``, or None if there is no such process."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """The state letter, parent pid and session of ``pid``, or None if there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -29,7 +29,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
     # the name (field 2) is in parentheses and may hold spaces or ')': split after the last ')'
     fields = raw[raw.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[1])
+    return fields[0].decode(), int(fields[1]), int(fields[3])
 
 
 def proc_alive(pid: int) -> bool:
@@ -38,20 +38,21 @@ def proc_alive(pid: int) -> bool:
     return stat is not None and stat[0] not in ("Z", "X")
 
 
-def _parents() -> dict[int, list[int]]:
-    """Every process's children, by parent pid."""
+def _parents(session: int | None = None) -> dict[int, list[int]]:
+    """Every process's children, by parent pid (only those of ``session`` if given)."""
     found: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             stat = _stat(int(entry))
-            if stat is not None:
+            if stat is not None and (session is None or stat[2] == session):
                 found.setdefault(stat[1], []).append(int(entry))
     return found
 
 
 def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid``."""
-    return _parents().get(pid, [])
+    """The processes whose parent is ``pid``, in this process's session: not the program's
+    janitor, which runs in a session of its own and must outlive every other process."""
+    return _parents(os.getsid(0)).get(pid, [])
 
 
 def descendants(pid: int) -> list[int]:
