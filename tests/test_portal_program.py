@@ -115,3 +115,36 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: pathlib.Path):
         proc.kill()
         proc.communicate()
     _assert_nothing_left(tag, _pids(tmp_path) | {proc.pid})
+
+
+@pytest.mark.slow
+def test_dreamer_launcher_behaves_as_on_portal(tmp_path: pathlib.Path):
+    """The same program on portal itself (the bench extra) ends the same way: the learner's
+    steps, one actor restart, every environment reconnected, the error file's stop."""
+    pytest.importorskip("portal", reason="portal comes with the bench extra")
+    flags = ("--envs", "3", "--batch", "3", "--steps", "6", "--restart-after", "10")
+    counts = {}
+    for impl in ("shmpad.portal", "portal"):
+        proc, tag = _start(tmp_path / impl, "--impl", impl, *flags)
+        try:
+            out, _ = proc.communicate(timeout=HANG_S)
+        finally:
+            proc.kill()
+        text = out.decode(errors="replace")
+        assert proc.returncode in (1, 2) and "Shutting down due to error file" in text, text
+        assert wait_until(lambda tag=tag: not _tagged(tag), HANG_S, interval=0.05), _tagged(tag)
+        found = json.loads((tmp_path / impl / "logger.json").read_text())
+        counts[impl] = {
+            "train/steps": found["train/steps"],
+            "actor/restarts": found["actor/restarts"],
+            "every env reconnected": all(found.get(f"env{i}/reconnects", 0) >= 1 for i in range(3)),
+        }
+    assert (
+        counts["shmpad.portal"]
+        == counts["portal"]
+        == {
+            "train/steps": 6,
+            "actor/restarts": 1,
+            "every env reconnected": True,
+        }
+    )

@@ -181,7 +181,9 @@ def env(envid, args, ports):
     logger = portal.Client(f"127.0.0.1:{ports['logger']}", f"Env{envid}Logger", maxinflight=1)
     actor = portal.Client(f"127.0.0.1:{ports['actor']}", f"Env{envid}", autoconn=False)
     actor.connect()
-    logger.add({f"transport/env{envid}": getattr(actor, "transport", None) or "tcp"})
+    # (portal's Client has no ``transport``: an unknown attribute is a method call there; it is all TCP)
+    kind = actor.transport if hasattr(type(actor), "transport") else "tcp"
+    logger.add({f"transport/env{envid}": kind})
     rng = np.random.default_rng(envid)
     done, length = True, 0
     while True:
