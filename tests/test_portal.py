@@ -464,6 +464,8 @@ def test_argument_errors():
     server.bind("a", lambda: 1)
     with pytest.raises(ValueError, match="method 'a' is bound already"):
         server.bind("a", lambda: 1)
+    with pytest.raises(ValueError, match="addr=True is not supported"):
+        server.bind("b", lambda addr: 1, addr=True)
     os.environ["SHMPAD_TRANSPORT"] = "udp"
     try:
         with pytest.raises(ValueError, match="SHMPAD_TRANSPORT must be 'shm', 'tcp' or unset, got 'udp'"):

@@ -188,7 +188,13 @@ class Server:
     def connections(self) -> int:
         return 0 if self._door is None else len(self._door._conns)
 
-    def bind(self, name: str, workfn: Callable, postfn: Callable | None = None, workers: int = 0) -> None:
+    def bind(
+        self, name: str, workfn: Callable, postfn: Callable | None = None, workers: int = 0, addr: bool = False
+    ) -> None:
+        if addr:
+            raise ValueError(
+                f"addr=True is not supported (binding {name!r}): a call over shared memory has no socket address"
+            )
         self._bind(name, workfn, postfn, workers, batch=0)
 
     def _bind(self, name: str, workfn: Callable, postfn: Callable | None, workers: int, batch: int) -> None:
