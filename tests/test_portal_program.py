@@ -100,14 +100,15 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: pathlib.Path):
     proc, tag = _start(tmp_path, "--envs", "3", "--batch", "3", "--steps", "1000000", "--tcp-envs", "2")
     try:
         # running: the learner has trained, so every process serves or calls
-        assert wait_until(
-            lambda: (
-                (tmp_path / "logger.json").exists()
-                and json.loads((tmp_path / "logger.json").read_text()).get("train/steps", 0) >= 2
-            ),
-            HANG_S,
-            interval=0.05,
-        )
+        def trained() -> bool:
+            if proc.poll() is not None:
+                return True  # ended by itself: reported below
+            path = tmp_path / "logger.json"
+            return path.exists() and json.loads(path.read_text()).get("train/steps", 0) >= 2
+
+        assert wait_until(trained, HANG_S, interval=0.05)
+        if proc.poll() is not None:
+            pytest.fail(f"the program ended by itself (exit {proc.returncode}):\n{proc.communicate()[0].decode()}")
         assert len(_pids(tmp_path)) == 7
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(HANG_S)
