@@ -1,0 +1,102 @@
+"""A client's connection to one server, on the transport its address leads to
+(``transport``): calls go out as futures, and ``wait_broken`` says when the
+connection is gone (the server closed or died, or the network broke it).
+
+On shared memory the link is the doorbell connection the server holds open: the kernel
+ends it when the server's process ends, however it ends. Over TCP it is the
+authenticated connection of a ``shmpad.rpc.TcpRpcClient``; it counts as broken once a
+call on it fails for a reason other than the server's reply.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from concurrent.futures import Future as CallFuture
+from typing import Any
+
+from shmpad.errors import AuthError, Timeout
+from shmpad.portal import transport
+from shmpad.rpc import RpcClient, TcpRpcClient
+from shmpad.rpc.codec import RemoteTraceback
+
+__all__ = ["open_link", "from_server"]
+
+PING = "shmpad_portal_ping"  # the method every server answers (server.PING)
+
+
+def from_server(e: BaseException) -> bool:
+    """Whether ``e`` is the server's answer to a call (raised by the method or by the
+    server), not a failure of the transport."""
+    return isinstance(e.__cause__, RemoteTraceback)
+
+
+class ShmLink:
+    transport = "shm"
+
+    def __init__(self, sock: socket.socket, hello: dict, name: str):
+        self.sock = sock
+        self.pid = int(hello["pid"])
+        self.rpc = RpcClient(hello["address"], name=name)
+
+    def call(self, method: str, args: list) -> CallFuture:
+        return self.rpc.call_future(method, tuple(args))
+
+    def wait_broken(self, timeout: float) -> bool:
+        if not select.select([self.sock], [], [], timeout)[0]:
+            return False
+        try:
+            return not self.sock.recv(1)  # the server never writes after its hello: EOF
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+        self.rpc.close()
+
+
+class TcpLink:
+    transport = "tcp"
+
+    def __init__(self, rpc: TcpRpcClient):
+        self.rpc = rpc
+        self._broken = threading.Event()
+
+    def call(self, method: str, args: list) -> CallFuture:
+        fut = self.rpc.call_future(method, tuple(args))
+        fut.add_done_callback(self._check)
+        return fut
+
+    def _check(self, fut: CallFuture) -> None:
+        e = fut.exception()
+        if e is not None and not from_server(e):
+            self._broken.set()
+
+    def wait_broken(self, timeout: float) -> bool:
+        return self._broken.wait(timeout)
+
+    def close(self) -> None:
+        self.rpc.close()
+
+
+def open_link(host: str, port: int, name: str, timeout: float) -> Any:
+    """A link to the server at ``host:port``, or None if none answered within ``timeout`` s."""
+    only = transport.forced()
+    if only == "shm" or (only is None and transport.is_local(host)):
+        answer = transport.ring_door(port, timeout)
+        return None if answer is None else ShmLink(*answer, name=name)
+    rpc = TcpRpcClient(_join(host, port), name=name, connect_timeout=max(timeout, 0.01))
+    try:
+        rpc.call(PING)
+    except AuthError:
+        rpc.close()
+        raise
+    except (Timeout, ConnectionError, OSError):
+        rpc.close()
+        return None
+    return TcpLink(rpc)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
