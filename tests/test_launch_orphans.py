@@ -249,7 +249,7 @@ _HELPERS_LAUNCHER = """
 import sys
 import shmpad as lp
 sys.path.insert(0, {tests!r})
-from test_orphans import starts_helpers
+from test_launch_orphans import starts_helpers
 program = lp.Program("orphans")
 program.add_node(lp.PyNode(starts_helpers, {pid_file!r}, {kinds!r}), "node")
 lp.launch(program, launch_type="local_mp", termination_notice_secs=1).wait()

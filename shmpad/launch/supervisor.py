@@ -124,8 +124,8 @@ class WorkerManager:
     def wait(
         self, labels: Iterable[str] | None = None, raise_error: bool = True, return_on_first_completed: bool = False
     ) -> None:
-        """Block until the nodes of ``labels`` (default: all) have ended, or with
-        ``return_on_first_completed`` until one of them has. If any node failed (and
+        """Block until the nodes of ``labels`` have ended (default: all of them, and the launcher
+        has finished with the program), or with ``return_on_first_completed`` until one of them has. If any node failed (and
         ``raise_error``), waits until the program has stopped and raises that failure."""
         if isinstance(labels, str):
             labels = [labels]
@@ -146,8 +146,9 @@ class WorkerManager:
                     return
                 if self._failure is None or not raise_error:
                     # (after a failure, wait for the stop to finish, then raise it)
-                    # the whole program: its on_end hooks have run too (the live view has stopped)
-                    if all(w.ended() for w in mine) and (wanted is not None or self._hooks_run or not self._end_hooks):
+                    # the whole program returns above, once finished: its on_end hooks have run, the
+                    # live view has stopped and the launching process is no longer in its context
+                    if wanted is not None and all(w.ended() for w in mine):
                         return
                     if return_on_first_completed and any(w.ended() for w in mine):
                         return
