@@ -19,7 +19,7 @@ import uuid
 import pytest
 from helpers import wait_until
 
-HANG_S = 120.0  # a hang guard for a whole program on a shared machine, never a timing assertion
+HANG_S = 250.0  # a hang guard for a whole program (about 10x its 10-25 s on a quiet machine), never a timing assertion
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -119,6 +119,7 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: pathlib.Path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two programs, each with its own hang guard
 def test_dreamer_launcher_behaves_as_on_portal(tmp_path: pathlib.Path):
     """The same program on portal itself (the bench extra) ends the same way: the learner's
     steps, one actor restart, every environment reconnected, the error file's stop."""
