@@ -8,6 +8,7 @@ included) and no /dev/shm entry of any of its processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -40,12 +41,29 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+_started_tags: list[str] = []
+"""the tags of the programs the running test started"""
+
+
+@pytest.fixture(autouse=True)
+def _end_what_the_test_started():
+    """After each test, whatever its programs left running (a hang, a failed assertion) is killed:
+    real portal's spawned workers outlive their launcher when it is killed."""
+    yield
+    while _started_tags:
+        tag = _started_tags.pop()
+        for pid in _tagged(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _segments_of(pids: set[int]) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith("shmpad.") and n.split(".")[1] in {str(p) for p in pids}]
 
 
 def _start(logdir: pathlib.Path, *flags: str) -> tuple[subprocess.Popen, str]:
     tag = f"PORTAL_TEST_TAG={uuid.uuid4().hex}"
+    _started_tags.append(tag.split("=")[1])
     env = {**os.environ, "PORTAL_TEST_TAG": tag.split("=")[1], "PYTHONPATH": str(ROOT)}
     env.pop("SHMPAD_TRANSPORT", None)
     env.pop("SHMPAD_TOKEN", None)
