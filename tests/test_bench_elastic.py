@@ -10,37 +10,48 @@ import sys
 
 import pytest
 
-from bench.elastic.group import Arm, Fault
+from bench.elastic.group import Arm, Fault, run_arm
 from bench.elastic.report import figures, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def step(t: float, v: int, n: int, d: int = 7, r: int = 0) -> dict:
-    return {"e": "step", "t": t, "v": v, "n": n, "d": d, "r": r}
+def step(t: float, v: int, n: int, g: str, d: int = 7, r: int = 0) -> dict:
+    return {"e": "step", "t": t, "v": v, "n": n, "d": d, "r": r, "g": g}
+
+
+def abandoned(t: float, v: int, g: str) -> dict:
+    return {"e": "abandoned", "t": t, "v": v, "g": g}
 
 
 def test_the_figures_of_a_stop_and_a_kill():
     arm = Arm("shmpad", True, 3, batch=10, started=100.0, ended=120.0)
     arm.events = {
-        "a": [step(100.0, 1, 3), step(101.0, 2, 3), {"e": "abandoned", "t": 102.3, "v": 2}, step(102.6, 3, 2)]
-        + [step(104.0, 4, 3), {"e": "abandoned", "t": 110.1, "v": 4}, step(110.5, 5, 2), step(115.0, 6, 3)],
-        "b": [step(100.0, 1, 3), step(101.0, 2, 3), step(102.4, 3, 2), step(104.0, 4, 3)]
-        + [step(110.2, 5, 2), step(115.0, 6, 3, d=8)],
-        "c": [step(100.0, 1, 3), step(101.0, 2, 3), {"e": "abandoned", "t": 103.1, "v": 2}, step(104.0, 4, 3, r=1)]
-        + [{"e": "up", "t": 112.0}, step(115.0, 6, 3, d=8, r=0)],
+        "a": [step(100.0, 1, 3, "k1"), step(101.0, 2, 3, "k1"), abandoned(102.3, 2, "k1"), step(102.6, 3, 2, "k2")]
+        + [step(104.0, 4, 3, "k3"), abandoned(110.1, 4, "k3"), step(110.5, 5, 2, "k4"), step(115.0, 6, 3, "k5")],
+        "b": [step(100.0, 1, 3, "k1"), step(101.0, 2, 3, "k1"), step(102.4, 3, 2, "k2"), step(104.0, 4, 3, "k3")]
+        + [step(110.2, 5, 2, "k4"), step(115.0, 6, 3, "k5", d=8)],
+        # c, woken at 103.0, completes the reduction of ring k1 that a abandoned (a partial step, not the
+        # group's and not its rejoin), then abandons its next one there and is synced into k3
+        "c": [step(100.0, 1, 3, "k1"), step(101.0, 2, 3, "k1"), step(103.05, 3, 3, "k1", d=9)]
+        + [abandoned(103.1, 3, "k1"), step(104.0, 4, 3, "k3", r=1), {"e": "up", "t": 112.0}]
+        + [step(115.0, 6, 3, "k5", d=8, r=0)],
     }
     arm.faults = [Fault("stop", "c", 102.0, restarted=103.0), Fault("kill", "c", 110.0, restarted=110.0)]
     fig = figures(arm, warmup=1.0)
     assert fig.steps_per_s == pytest.approx(5 / 19, abs=1e-3)  # versions 2..6 first seen in [101, 120]
     assert fig.samples_per_s == pytest.approx((3 + 2 + 3 + 2 + 3) * 10 / 19, abs=0.1)
     assert (fig.versions_compared, fig.versions_differing) == (6, 1)  # version 6: a says 7, b and c 8
+    assert (fig.partial, fig.partial_differing) == (1, 1)  # c's version 3 (9, where a and b say 7)
     stop, kill = fig.faults
     assert (stop.kind, stop.at_s, stop.detected_s, stop.survived_s, stop.rejoined_s) == ("stop", 2.0, 0.4, 0.6, 1.0)
-    assert stop.stale == 2  # one abandoned after it woke, one refused
+    assert stop.stale == 3  # after it woke: one partial step, one reduction abandoned, one refused
     assert (kill.detected_s, kill.survived_s, kill.rejoined_s, kill.started_s, kill.stale) == (0.2, 0.5, 5.0, 2.0, None)
-    lines = table(figures(Arm("shmpad", False, 3, 10, 100.0, 120.0, {"a": [step(101.0, 2, 3)]}), 1.0), fig)
-    assert "NO (1 differ)" in lines[1] and "rejoined 5.00 s (the new process up after 2.00 s)" in lines[3]
+    lines = table(figures(Arm("shmpad", False, 3, 10, 100.0, 120.0, {"a": [step(101.0, 2, 3, "k1")]}), 1.0), fig)
+    assert (
+        "NO (1 differ), 1 partial (1 differ)" in lines[1]
+        and "rejoined 5.00 s (the new process up after 2.00 s)" in lines[3]
+    )
 
 
 @pytest.mark.slow
@@ -54,13 +65,23 @@ def test_a_tiny_run_goes_through_a_stop_and_a_kill():
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     clean, faulty = (json.loads(line) for line in done.stdout.splitlines())
     assert (clean["faults_on"], clean["faults"], faulty["faults_on"]) == (False, [], True)
-    # the mechanics: every arm compares the learners' digests version by version and counts what differs.
-    # Whether the weights stay identical is asserted by tests/test_net_accumulator.py's group tests; this
-    # run's count is the benchmark's figure (one CI run of this test counted 1 of 6751 versions differing,
-    # not yet explained: docs/results/elastic says so).
+    # every version two learners reached holds the same weights on both, apart from partial steps: one
+    # learner's completion of a reduction another member of its ring abandoned (a change of the group came
+    # while its last messages were on their way); they are counted, and the next sync replaces them
     for arm in (clean, faulty):
         assert arm["steps_per_s"] > 0 and arm["versions_compared"] > 0
-        assert 0 <= arm["versions_differing"] <= arm["versions_compared"]
+        assert arm["versions_differing"] == 0, arm
+        assert 0 <= arm["partial_differing"] <= arm["partial"]
     stop = faulty["faults"][0]
     assert stop["kind"] == "stop" and stop["rejoined_s"] is not None and stop["stale"] >= 0
     assert all(f["detected_s"] is not None and f["survived_s"] is not None for f in faulty["faults"])
+
+
+def test_a_learner_started_as_a_new_interpreter_trains():
+    arm = run_arm(
+        "shmpad", peers=1, seconds=1.0, interval=1.0, kinds=("kill",), faults_on=False, width=8, batch=4, stop_s=1.0,
+        seed=0, restart="exec",
+    )  # fmt: skip
+    steps = [e for e in arm.events["learner0"] if e["e"] == "step"]
+    assert arm.events["learner0"][0]["e"] == "up" and steps and steps[-1]["n"] == 1
+    assert [e["v"] for e in steps] == list(range(1, len(steps) + 1))

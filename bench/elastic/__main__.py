@@ -13,7 +13,10 @@ hold four). Its clock starts at the whole group's first step; rates are counted 
 ``--warmup`` seconds later to ``--seconds`` after the start. In the ``faults`` arm, every
 ``--interval`` seconds a member picked at random is faulted, ``--faults`` in turn:
 ``kill`` (SIGKILL, then a new process under its name at once) or ``stop`` (SIGSTOP,
-then SIGCONT ``--stop-seconds`` later). ``kept`` is the faults arm's steps/s over the
+then SIGCONT ``--stop-seconds`` later). ``--restart`` says how a learner process
+starts: ``fork``, from a fork server that imported torch once (as a supervisor with a
+warm parent restarts a worker), or ``exec``, a new interpreter that imports torch
+itself (``bench/elastic/group.py``). ``kept`` is the faults arm's steps/s over the
 clean arm's. Per fault: the detection time (until every survivor stopped waiting for
 the victim), the time until every survivor stepped without it, and the rejoin time
 (from the restart or the SIGCONT to the victim's first step in the whole group, with
@@ -35,6 +38,7 @@ from bench.elastic.report import HEADER, figures, table
 from shmpad.net.broker import HEARTBEAT_S, SETTLE_S, TIMEOUT_S
 
 KINDS = ("kill", "stop")
+RESTARTS = ("fork", "exec")
 
 
 @dataclass
@@ -59,6 +63,9 @@ class Args:
     """samples per learner per step"""
     seed: int = 0
     """seed of the fault injector's choice of victims"""
+    restart: str = "fork"
+    """how a learner starts and restarts: fork (from a fork server that imported torch once) or exec (a new
+    interpreter importing torch itself)"""
     json: bool = False
     """print one JSON object per arm instead of the table"""
     save: str = ""
@@ -74,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     backends = [b for b in args.backends.split(",") if b]
     if not backends or any(b not in ("shmpad", "gloo") for b in backends):
         parser.error(f"--backends takes a comma-separated list of shmpad, gloo, got {args.backends!r}")
+    if args.restart not in RESTARTS:
+        parser.error(f"--restart takes one of {', '.join(RESTARTS)}, got {args.restart!r}")
     if args.peers < 2:
         parser.error(f"--peers must be at least 2 (a fault needs survivors), got {args.peers}")
     if not 0 <= args.warmup < args.seconds:
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         say(
             f"bench.elastic: {args.peers} learners (MLP 64-{args.width}-{args.width}-8, batch {args.batch}), "
             f"{args.seconds:g} s per arm, a fault every {args.interval:g} s ({', '.join(kinds)} in turn); broker "
-            f"heartbeat {HEARTBEAT_S} s, timeout {TIMEOUT_S} s, settle {SETTLE_S} s; {_cpu()}, {os.cpu_count()} cores"
+            f"heartbeat {HEARTBEAT_S} s, timeout {TIMEOUT_S} s, settle {SETTLE_S} s; learners started by {args.restart}; {_cpu()}, {os.cpu_count()} cores"
         )
         say(HEADER)
     results = []
@@ -116,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                     batch=args.batch,
                     stop_s=args.stop_seconds,
                     seed=args.seed,
+                    restart=args.restart,
                 )
             except RunFailed as e:
                 failed = True

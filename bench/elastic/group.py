@@ -1,9 +1,16 @@
 """One arm of ``bench.elastic``: a broker in this process, N learner processes, and the
 fault injector, with every learner's events collected as they come.
 
-The learners are ``python -m bench.elastic.learner`` processes (a restart is a fresh
-process: Python, torch, the join, the ring and the state sync all count in its rejoin
-time). Everything runs in this process's main thread: it reads the learners' pipes
+A learner is started (and restarted) one of two ways, ``restart``:
+
+- ``"fork"``: a child of a fork server (``multiprocessing``'s ``forkserver``) that has
+  imported torch and the learner once, as a supervisor with a warm parent restarts a
+  worker (shmpad's launcher forks its nodes the same way). The join, the ring and the
+  state sync count in its rejoin time; Python and ``import torch`` do not.
+- ``"exec"``: ``python -m bench.elastic.learner``, a fresh interpreter: Python and
+  ``import torch`` count too.
+
+Everything runs in this process's main thread: it reads the learners' pipes
 with a selector and, ``interval`` seconds after the whole group's first step and after
 each fault (later if the group is not whole again by then: every learner stepping in
 a group of all of them), picks a member at random and faults it:
@@ -20,7 +27,10 @@ The broker uses the command line's defaults (``shmpad.net.broker.HEARTBEAT_S`` .
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import multiprocessing
+import multiprocessing.context
 import os
 import random
 import selectors
@@ -30,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.elastic.learner import TOKEN
+from bench.elastic.learner import TOKEN, Settings, forked
 from shmpad.net.broker import HEARTBEAT_S, SETTLE_S, TIMEOUT_S, Broker
 
 START_S = 120.0  # for the whole group's first step (N fresh processes importing torch on a busy box)
@@ -63,20 +73,121 @@ class Arm:
 
 
 class _Learner:
-    def __init__(self, name: str, argv: list[str]):
+    """A learner process, however it was started: its event and error streams, the
+    control stream whose end stops it, and its exit."""
+
+    def __init__(self, name: str, events, errors) -> None:
         self.name = name
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "SHMPAD_TOKEN": TOKEN},
-        )
-        os.set_blocking(self.proc.stdout.fileno(), False)
-        os.set_blocking(self.proc.stderr.fileno(), False)
+        self.events, self.errors = events, errors
+        for stream in (events, errors):
+            os.set_blocking(stream.fileno(), False)
         self.partial = b""
         self.stderr = b""
         self.started = time.monotonic()
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """The exit code (minus the signal that killed it), None while it runs."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once it has exited (reaped), False if ``timeout`` passed first."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Close its control stream: it leaves the group and exits."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close this side's streams."""
+        raise NotImplementedError
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+
+class _Exec(_Learner):
+    """``python -m bench.elastic.learner``: a new interpreter that imports torch itself."""
+
+    def __init__(self, name: str, settings: Settings, parent: int) -> None:
+        argv = [sys.executable, "-m", "bench.elastic.learner", settings.broker, name, str(parent)]
+        argv += ["--peers", str(settings.peers), "--backend", settings.backend, "--width", str(settings.width)]
+        argv += ["--batch", str(settings.batch), "--lifetime", str(settings.lifetime)]
+        env = {**os.environ, "SHMPAD_TOKEN": TOKEN}
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        self.pid = self.proc.pid
+        super().__init__(name, self.proc.stdout, self.proc.stderr)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class _Forked(_Learner):
+    """A child of the fork server, which imported torch and the learner once."""
+
+    def __init__(self, name: str, settings: Settings) -> None:
+        ctx = _fork_server()
+        events, events_w = ctx.Pipe(duplex=False)
+        control_r, self.control = ctx.Pipe(duplex=False)
+        errors, errors_w = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=forked, args=(settings, events_w, control_r, errors_w), name=name, daemon=True)
+        self.proc.start()
+        for theirs in (events_w, control_r, errors_w):
+            theirs.close()
+        self.pid = self.proc.pid
+        super().__init__(name, events, errors)
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.proc.join(timeout)
+        return self.proc.exitcode is not None
+
+    def stop(self) -> None:
+        self.control.close()
+
+    def close(self) -> None:
+        for stream in (self.control, self.events, self.errors):
+            stream.close()
+        if self.proc.exitcode is not None:
+            self.proc.close()
+
+
+_SERVER: multiprocessing.context.BaseContext | None = None
+
+
+def _fork_server() -> multiprocessing.context.BaseContext:
+    """The fork server context, its server importing torch and the learner once, when
+    the first learner starts (and ending with this process)."""
+    global _SERVER
+    if _SERVER is None:
+        _SERVER = multiprocessing.get_context("forkserver")
+        _SERVER.set_forkserver_preload(["bench.elastic.learner"])
+    return _SERVER
 
 
 def run_arm(
@@ -91,24 +202,24 @@ def run_arm(
     batch: int,
     stop_s: float,
     seed: int,
+    restart: str = "fork",
 ) -> Arm:
     """Train ``seconds`` from the group's first step; fault a member every ``interval``
-    seconds if ``faults_on`` (``kinds`` in turn)."""
+    seconds if ``faults_on`` (``kinds`` in turn). ``restart``: how learners start,
+    ``"fork"`` or ``"exec"``."""
     arm = Arm(backend, faults_on, peers, batch)
     rng = random.Random(seed)
     broker = Broker(port=0, token=TOKEN, heartbeat_s=HEARTBEAT_S, timeout_s=TIMEOUT_S, settle_s=SETTLE_S)
     learners: dict[str, _Learner] = {}
     selector = selectors.DefaultSelector()
-    lifetime = START_S + seconds + 60
+    settings = Settings(broker.address, "", peers, backend, width, batch, lifetime=START_S + seconds + 60)
 
     def start(name: str) -> None:
-        argv = [sys.executable, "-m", "bench.elastic.learner", broker.address, name, str(os.getpid())]
-        argv += ["--peers", str(peers), "--backend", backend, "--width", str(width), "--batch", str(batch)]
-        argv += ["--lifetime", str(lifetime)]
-        learner = learners[name] = _Learner(name, argv)
+        named = dataclasses.replace(settings, name=name)
+        learner = learners[name] = _Forked(name, named) if restart == "fork" else _Exec(name, named, os.getpid())
         arm.events.setdefault(name, [])
-        selector.register(learner.proc.stdout, selectors.EVENT_READ, (learner, "out"))
-        selector.register(learner.proc.stderr, selectors.EVENT_READ, (learner, "err"))
+        selector.register(learner.events, selectors.EVENT_READ, (learner, "out"))
+        selector.register(learner.errors, selectors.EVENT_READ, (learner, "err"))
 
     def pump(until: float) -> None:
         """Collect events until ``until``; ``RunFailed`` if a learner exits by itself."""
@@ -129,17 +240,17 @@ def run_arm(
                 learner.partial = lines.pop()
                 arm.events[learner.name].extend(json.loads(line) for line in lines)
             for learner in learners.values():
-                code = learner.proc.poll()
+                code = learner.poll()
                 if code is not None and code != -signal.SIGKILL:
                     raise RunFailed(
                         f"learner {learner.name} exited with {code}:\n{learner.stderr.decode(errors='replace')}"
                     )
 
     def retire(learner: _Learner) -> None:
-        for stream in (learner.proc.stdout, learner.proc.stderr):
+        for stream in (learner.events, learner.errors):
             if _registered(selector, stream):
                 selector.unregister(stream)
-        _close(learner.proc)
+        learner.close()
 
     try:
         for i in range(peers):
@@ -166,18 +277,18 @@ def run_arm(
             arm.faults.append(fault)
             faults += 1
             if kind == "kill":
-                victim.proc.kill()
+                victim.signal(signal.SIGKILL)
                 fault.t = time.monotonic()
-                victim.proc.wait()
+                victim.wait()
                 pump(time.monotonic() + 0.05)  # the lines it wrote before it died
                 retire(victim)
                 fault.restarted = time.monotonic()
                 start(victim.name)
             else:
-                victim.proc.send_signal(signal.SIGSTOP)
+                victim.signal(signal.SIGSTOP)
                 fault.t = time.monotonic()
                 pump(min(fault.t + stop_s, arm.ended))
-                victim.proc.send_signal(signal.SIGCONT)
+                victim.signal(signal.SIGCONT)
                 fault.restarted = time.monotonic()
             due = fault.t + interval
         pump(arm.ended)
@@ -207,27 +318,15 @@ def _registered(selector: selectors.BaseSelector, stream) -> bool:
 
 
 def _end(learners: list[_Learner]) -> None:
-    """Close their stdin (each leaves the group and exits); SIGKILL any still there 10 s later."""
+    """Close their control streams (each leaves the group and exits); SIGKILL any still
+    there 10 s later."""
     for learner in learners:
-        if learner.proc.poll() is None:
-            learner.proc.send_signal(signal.SIGCONT)  # a stopped learner cannot read its stdin
-            try:
-                learner.proc.stdin.close()
-            except OSError:
-                pass
+        if learner.poll() is None:
+            learner.signal(signal.SIGCONT)  # a stopped learner cannot read its control stream
+            learner.stop()
     deadline = time.monotonic() + 10
     for learner in learners:
-        try:
-            learner.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            learner.proc.kill()
-            learner.proc.wait()
-        _close(learner.proc)
-
-
-def _close(proc: subprocess.Popen) -> None:
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        try:
-            stream.close()
-        except OSError:
-            pass
+        if not learner.wait(max(0.1, deadline - time.monotonic())):
+            learner.signal(signal.SIGKILL)
+            learner.wait()
+        learner.close()

@@ -8,9 +8,19 @@
   ``survived``, when every survivor had stepped in a group without the victim;
   ``rejoined``, from the restart (a new process, or SIGCONT) to the victim's first step
   in the whole group, state transfer included; ``stale``: reductions of the victim's
-  abandoned or refused after it woke, before it stepped again (never averaged in).
+  after it woke, before it stepped in the group again, that were abandoned, refused, or
+  completed only in the ring it had been dropped from (partial, below): none of them
+  averaged into the group's weights.
 - identical: for every version more than one learner reached, the digests of their
-  weights after that step agree.
+  weights after that step agree. A step is left out of that comparison, and counted as
+  ``partial``, when another member of the ring it was taken in (``g``) abandoned the
+  same reduction: a change of the group (a member dropped, or one leaving) closes the
+  ring while the reduction's last messages are on their way, so some members complete
+  it and others do not. The accumulator's next state sync brings every member of the
+  new ring level (``shmpad/net/accumulator.py``), but a partial step of a member that
+  is not in it (it left, or it was dropped while it slept) is not the group's: that
+  member is given the group's state when it rejoins. ``partial_differing`` counts the
+  partial steps whose weights differ from another learner's at that version.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ class ArmFigures:
     samples_per_s: float
     versions_compared: int
     versions_differing: int
+    partial: int
+    partial_differing: int
     faults: list[FaultFigures]
 
     def as_dict(self) -> dict:
@@ -54,12 +66,17 @@ def figures(arm: Arm, warmup: float) -> ArmFigures:
     size: dict[int, int] = {}
     digests: dict[int, set[int]] = {}
     reporters: dict[int, int] = {}
+    abandoned = _abandoned(arm)
+    partial: list[dict] = []
     for events in arm.events.values():
         for e in events:
             if e["e"] != "step":
                 continue
             v = e["v"]
             first_seen[v] = min(first_seen.get(v, e["t"]), e["t"])
+            if _partial(e, abandoned):
+                partial.append(e)
+                continue
             size[v] = max(size.get(v, 0), e["n"])
             digests.setdefault(v, set()).add(e["d"])
             reporters[v] = reporters.get(v, 0) + 1
@@ -72,14 +89,26 @@ def figures(arm: Arm, warmup: float) -> ArmFigures:
         peers=arm.peers,
         seconds=round(seconds, 3),
         steps_per_s=round(len(window) / seconds, 3),
-        samples_per_s=round(sum(size[v] for v in window) * arm.batch / seconds, 1),
+        samples_per_s=round(sum(size.get(v, 0) for v in window) * arm.batch / seconds, 1),
         versions_compared=len(compared),
         versions_differing=sum(1 for v in compared if len(digests[v]) > 1),
-        faults=[_fault(arm, f) for f in arm.faults],
+        partial=len(partial),
+        partial_differing=sum(1 for e in partial if e["d"] not in digests.get(e["v"], {e["d"]})),
+        faults=[_fault(arm, f, abandoned) for f in arm.faults],
     )
 
 
-def _fault(arm: Arm, fault: Fault) -> FaultFigures:
+def _abandoned(arm: Arm) -> set[tuple[str | None, int]]:
+    """``(ring, version)`` of every reduction some learner abandoned (at that version)."""
+    return {(e.get("g"), e["v"]) for events in arm.events.values() for e in events if e["e"] == "abandoned"}
+
+
+def _partial(step: dict, abandoned: set[tuple[str | None, int]]) -> bool:
+    """Whether another member of the step's ring abandoned the reduction that made it."""
+    return (step.get("g"), step["v"] - 1) in abandoned
+
+
+def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]]) -> FaultFigures:
     survivors = [n for n in arm.events if n != fault.victim]
     restart = fault.restarted if fault.restarted is not None else fault.t
 
@@ -94,7 +123,12 @@ def _fault(arm: Arm, fault: Fault) -> FaultFigures:
         for n in survivors
     ]
     stepped = [first(n, fault.t, None, lambda e: e["e"] == "step" and e["n"] < arm.peers) for n in survivors]
-    back = first(fault.victim, restart, None, lambda e: e["e"] == "step" and e["n"] == arm.peers)
+    back = first(
+        fault.victim,
+        restart,
+        None,
+        lambda e: e["e"] == "step" and e["n"] == arm.peers and not _partial(e, abandoned),  # not its old ring's
+    )
     started = None
     if fault.kind == "kill":
         up = first(fault.victim, restart, back, lambda e: e["e"] == "up")
@@ -105,8 +139,10 @@ def _fault(arm: Arm, fault: Fault) -> FaultFigures:
         refused_before = max(
             (e["r"] for e in arm.events[fault.victim] if e["e"] == "step" and e["t"] < fault.t), default=0
         )
-        refused_after = next((e["r"] for e in woke if e["e"] == "step"), refused_before)
-        stale = sum(1 for e in woke if e["e"] == "abandoned") + refused_after - refused_before
+        rejoin = [e for e in woke if e["e"] == "step" and not _partial(e, abandoned)]
+        refused_after = rejoin[0]["r"] if rejoin else refused_before
+        held = sum(1 for e in woke if e["e"] == "abandoned" or (e["e"] == "step" and _partial(e, abandoned)))
+        stale = held + refused_after - refused_before
     return FaultFigures(
         kind=fault.kind,
         victim=fault.victim,
@@ -136,6 +172,8 @@ def table(clean: ArmFigures | None, faulty: ArmFigures | None) -> list[str]:
         if fig is faulty and clean is not None and clean.steps_per_s > 0:
             kept = f"{fig.steps_per_s / clean.steps_per_s:7.1%}"
         same = "yes" if fig.versions_differing == 0 else f"NO ({fig.versions_differing} differ)"
+        if fig.partial:
+            same += f", {fig.partial} partial ({fig.partial_differing} differ)"
         lines.append(
             f"{fig.backend:7} {'faults' if fig.faults_on else 'clean':7} {fig.steps_per_s:8.1f} {fig.samples_per_s:10.0f}"
             f" {kept:>7} {len(fig.faults):6}  {same} ({fig.versions_compared} versions compared)"
