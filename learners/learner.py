@@ -384,6 +384,7 @@ class Learner:
             out = self.forward(batch)  # logits [T+1, b, A], baseline [T+1, b]
         logits, baseline = out.policy_logits.float()[:-1], out.baseline.float()[:-1]
         actions = batch["action"][:-1].long()
+        log_probs = action_log_probs(logits, actions)  # [T, b]
         loss = appo_loss(
             logits,
             targets["log_probs"],
@@ -398,8 +399,9 @@ class Learner:
             entropy_cost=self.config.entropy_cost,
             normalize=self.config.normalize_advantages,
             reduction=self.config.reduction,
+            log_probs=log_probs,
         )
-        return loss, (action_log_probs(logits, actions) - targets["log_probs"]).detach()
+        return loss, (log_probs - targets["log_probs"]).detach()
 
     def _compute_loss(self, *inputs: Any) -> Any:
         """The loss and its gradients (compiled when asked; a compile that fails falls back to eager once)."""

@@ -221,6 +221,7 @@ def appo_loss(
     entropy_cost: float = 0.01,
     normalize: bool = True,
     reduction: Reduction = "mean",
+    log_probs: torch.Tensor | None = None,
 ) -> ImpalaLoss:
     """The APPO loss of one minibatch (see the module's docstring), as ``ImpalaLoss`` terms.
 
@@ -238,6 +239,8 @@ def appo_loss(
         baseline_cost, entropy_cost: the weights of those terms, ``>= 0``.
         normalize: normalise the advantages over the minibatch first.
         reduction: ``"mean"`` or ``"sum"`` over time and batch.
+        log_probs: ``[T, B, ...]``, ``log pi(a_t|x_t)`` of ``target_logits``, for a caller
+            that has them already (the learner reports the log-ratio too); None: computed here.
     """
     check_float_tensor("values", values)
     check_number("baseline_cost", baseline_cost, 0)
@@ -248,7 +251,10 @@ def appo_loss(
         check_float_tensor(name, x)
         if x.shape != values.shape:
             raise ValueError(f"{name} must have the shape of values {tuple(values.shape)}, got {tuple(x.shape)}")
-    log_probs = action_log_probs(target_logits, actions)  # [T, B, ...]
+    if log_probs is None:
+        log_probs = action_log_probs(target_logits, actions)  # [T, B, ...]
+    elif log_probs.shape != values.shape:
+        raise ValueError(f"log_probs must have the shape of values {tuple(values.shape)}, got {tuple(log_probs.shape)}")
     advantages = normalize_advantages(advantages) if normalize else advantages
     pg = clipped_policy_loss(log_probs - proximal_log_probs.detach(), advantages, clip, reduction)
     baseline = clipped_baseline_loss(values, old_values, vs, value_clip, reduction)

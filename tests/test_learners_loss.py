@@ -238,6 +238,8 @@ def test_appo_loss_terms_and_normalisation():
     assert float(loss.policy_gradient.detach()) == pytest.approx(0.0, abs=1e-6)
     raw = appo_loss(logits, prox, actions, adv, values, values.detach(), vs, normalize=False)
     assert float(raw.policy_gradient.detach()) == pytest.approx(-float(adv.mean()), rel=1e-6)
+    given = appo_loss(logits, prox, actions, adv, values, values.detach(), vs, normalize=False, log_probs=prox + 0.5)
+    assert float(given.policy_gradient.detach()) != pytest.approx(float(raw.policy_gradient.detach()))  # used as given
     raw.total.backward()
     assert logits.grad is not None and values.grad is not None
 
@@ -246,3 +248,5 @@ def test_appo_loss_names_a_bad_shape():
     x = torch.zeros(5, 4)
     with pytest.raises(ValueError, match=r"advantages must have the shape of values \(5, 4\), got \(5, 3\)"):
         appo_loss(torch.zeros(5, 4, 3), x, x.long(), torch.zeros(5, 3), x, x, x)
+    with pytest.raises(ValueError, match=r"log_probs must have the shape of values \(5, 4\), got \(5,\)"):
+        appo_loss(torch.zeros(5, 4, 3), x, x.long(), x, x, x, x, log_probs=torch.zeros(5))
