@@ -55,20 +55,23 @@ def test_the_figures_of_a_stop_and_a_kill():
 
 
 @pytest.mark.slow
-def test_a_tiny_run_goes_through_a_stop_and_a_kill():
-    argv = ["--peers", "2", "--seconds", "14", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]
-    argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--json"]
+def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
+    argv = ["--peers", "2", "--seconds", "9", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]
+    argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--rounds", "2", "--json"]
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
         [sys.executable, "-m", "bench.elastic", *argv], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    clean, faulty = (json.loads(line) for line in done.stdout.splitlines())
-    assert (clean["faults_on"], clean["faults"], faulty["faults_on"]) == (False, [], True)
+    clean, faulty, faulty2, clean2, summary = (json.loads(line) for line in done.stdout.splitlines())
+    assert [a["round"] for a in (clean, faulty, faulty2, clean2)] == [1, 1, 2, 2]  # round 2: faults first
+    assert (clean["faults_on"], clean["faults"], faulty["faults_on"], faulty2["faults_on"]) == (False, [], True, True)
+    kept = [faulty["steps_per_s"] / clean["steps_per_s"], faulty2["steps_per_s"] / clean2["steps_per_s"]]
+    assert summary == {"backend": "shmpad", "kept_median": pytest.approx(sum(kept) / 2), "kept": pytest.approx(kept)}
     # every version two learners reached holds the same weights on both, apart from partial steps: one
     # learner's completion of a reduction another member of its ring abandoned (a change of the group came
     # while its last messages were on their way); they are counted, and the next sync replaces them
-    for arm in (clean, faulty):
+    for arm in (clean, faulty, faulty2, clean2):
         assert arm["steps_per_s"] > 0 and arm["versions_compared"] > 0
         assert arm["versions_differing"] == 0, arm
         assert 0 <= arm["partial_differing"] <= arm["partial"]

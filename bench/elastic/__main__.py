@@ -1,12 +1,12 @@
 """Training that shrugs off faults: the steps/s a group of learners keeps while a member
 is SIGKILLed or SIGSTOPped every ``--interval`` seconds, against a fault-free run.
 
-    python -m bench.elastic                                   # 4 learners, shmpad and gloo, 180 s per arm
-    python -m bench.elastic --seconds 60 --interval 15 --backends shmpad
+    python -m bench.elastic                                   # 4 learners, shmpad and gloo, 3 rounds of 120 s arms
+    python -m bench.elastic --rounds 1 --seconds 60 --interval 15 --backends shmpad
     python -m bench.elastic --json --save docs/results/elastic
 
-Method. For each backend, two arms in turn, each a fresh group: ``clean`` (no faults)
-and ``faults``. Each arm starts a broker in this process (the command line's heartbeat,
+Method. ``--rounds`` rounds; in each, for each backend, two arms in turn, each a fresh
+group: ``clean`` (no faults) and ``faults`` (the faults arm first in every other round). Each arm starts a broker in this process (the command line's heartbeat,
 timeout and settle delay) and ``--peers`` learner processes (``bench.elastic.learner``:
 an MLP of ``--width``, batches of ``--batch``, one torch thread each, so that two cores
 hold four). Its clock starts at the whole group's first step; rates are counted from
@@ -17,7 +17,7 @@ then SIGCONT ``--stop-seconds`` later). ``--restart`` says how a learner process
 starts: ``fork``, from a fork server that imported torch once (as a supervisor with a
 warm parent restarts a worker), or ``exec``, a new interpreter that imports torch
 itself (``bench/elastic/group.py``). ``kept`` is the faults arm's steps/s over the
-clean arm's. Per fault: the detection time (until every survivor stopped waiting for
+clean arm's in the same round; the summary gives its median over the rounds. Per fault: the detection time (until every survivor stopped waiting for
 the victim), the time until every survivor stepped without it, and the rejoin time
 (from the restart or the SIGCONT to the victim's first step in the whole group, with
 the state transfer). Every step's weights digest is compared across the learners that
@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ RESTARTS = ("fork", "exec")
 class Args:
     peers: int = 4
     """learner processes in the group"""
-    seconds: float = 180.0
+    seconds: float = 120.0
     """length of each arm, from the whole group's first step"""
     interval: float = 30.0
     """seconds between faults in the faults arm"""
@@ -61,13 +62,16 @@ class Args:
     """hidden width of the learners' MLP (64 -> width -> width -> 8)"""
     batch: int = 32
     """samples per learner per step"""
+    rounds: int = 3
+    """rounds of a clean arm and a faults arm per backend (in turn, the first arm alternating); kept is the
+    median of the rounds' ratios"""
     seed: int = 0
-    """seed of the fault injector's choice of victims"""
+    """seed of the fault injector's choice of victims (round r uses seed + r)"""
     restart: str = "fork"
     """how a learner starts and restarts: fork (from a fork server that imported torch once) or exec (a new
     interpreter importing torch itself)"""
     json: bool = False
-    """print one JSON object per arm instead of the table"""
+    """print one JSON object per arm, then one per backend with its kept ratios, instead of the table"""
     save: str = ""
     """a directory to write the report (output.txt) and every arm's figures (results.json) into"""
 
@@ -83,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
         parser.error(f"--backends takes a comma-separated list of shmpad, gloo, got {args.backends!r}")
     if args.restart not in RESTARTS:
         parser.error(f"--restart takes one of {', '.join(RESTARTS)}, got {args.restart!r}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.peers < 2:
         parser.error(f"--peers must be at least 2 (a fault needs survivors), got {args.peers}")
     if not 0 <= args.warmup < args.seconds:
@@ -110,34 +116,51 @@ def main(argv: list[str] | None = None) -> int:
         say(HEADER)
     results = []
     failed = False
-    for backend in (b for b in args.backends.split(",") if b):
-        arms = {}
-        for faults_on in (False, True):
-            try:
-                arm = run_arm(
-                    backend,
-                    peers=args.peers,
-                    seconds=args.seconds,
-                    interval=args.interval,
-                    kinds=kinds,
-                    faults_on=faults_on,
-                    width=args.width,
-                    batch=args.batch,
-                    stop_s=args.stop_seconds,
-                    seed=args.seed,
-                    restart=args.restart,
-                )
-            except RunFailed as e:
-                failed = True
-                say(f"{backend} {'faults' if faults_on else 'clean'}: FAILED: {e}")
-                continue
-            fig = arms[faults_on] = figures(arm, args.warmup)
-            results.append(fig.as_dict())
-            if args.json:
-                say(json.dumps(fig.as_dict()))
-        if not args.json:
-            for line in table(arms.get(False), arms.get(True)):
-                say(line)
+    kept: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)  # neither arm always first
+        for backend in (b for b in args.backends.split(",") if b):
+            arms = {}
+            for faults_on in order:
+                try:
+                    arm = run_arm(
+                        backend,
+                        peers=args.peers,
+                        seconds=args.seconds,
+                        interval=args.interval,
+                        kinds=kinds,
+                        faults_on=faults_on,
+                        width=args.width,
+                        batch=args.batch,
+                        stop_s=args.stop_seconds,
+                        seed=args.seed + r,
+                        restart=args.restart,
+                    )
+                except RunFailed as e:
+                    failed = True
+                    say(f"{backend} {'faults' if faults_on else 'clean'}: FAILED: {e}")
+                    continue
+                fig = arms[faults_on] = figures(arm, args.warmup)
+                results.append({"round": r + 1, **fig.as_dict()})
+                if args.json:
+                    say(json.dumps(results[-1]))
+            if False in arms and True in arms and arms[False].steps_per_s > 0:
+                kept.setdefault(backend, []).append(arms[True].steps_per_s / arms[False].steps_per_s)
+            if not args.json:
+                if args.rounds > 1:
+                    say(f"round {r + 1} of {args.rounds}")
+                for line in table(arms.get(False), arms.get(True)):
+                    say(line)
+    for backend, ratios in kept.items():
+        summary = {"backend": backend, "kept_median": statistics.median(ratios), "kept": ratios}
+        results.append(summary)
+        if args.json:
+            say(json.dumps(summary))
+        elif args.rounds > 1:
+            say(
+                f"{backend}: kept {statistics.median(ratios):.1%} of the clean steps/s, the median of {len(ratios)} "
+                f"rounds ({', '.join(f'{x:.1%}' for x in ratios)})"
+            )
     if args.save:
         os.makedirs(args.save, exist_ok=True)
         with open(os.path.join(args.save, "output.txt"), "w") as f:

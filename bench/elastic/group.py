@@ -182,11 +182,13 @@ _SERVER: multiprocessing.context.BaseContext | None = None
 
 def _fork_server() -> multiprocessing.context.BaseContext:
     """The fork server context, its server importing torch and the learner once, when
-    the first learner starts (and ending with this process)."""
+    the first learner starts (and ending with this process). It also imports what
+    ``python -m bench.elastic``'s main module imports, which every child runs again
+    (``multiprocessing`` prepares a child so), to find it imported already."""
     global _SERVER
     if _SERVER is None:
         _SERVER = multiprocessing.get_context("forkserver")
-        _SERVER.set_forkserver_preload(["bench.elastic.learner"])
+        _SERVER.set_forkserver_preload(["bench.elastic.group", "bench.elastic.report", "bench.common.cli"])
     return _SERVER
 
 
