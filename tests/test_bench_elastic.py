@@ -54,6 +54,19 @@ def test_the_figures_of_a_stop_and_a_kill():
     )
 
 
+def test_a_step_a_stopped_learner_finishes_in_its_old_ring_is_not_its_return():
+    # b was stopped after its reduction of version 2 completed, before it said so; it says so when it
+    # wakes (103.01), in the ring it was dropped from, and returns to the group in ring k3 at 104.0
+    arm = Arm("shmpad", True, 2, batch=10, started=100.0, ended=110.0)
+    arm.events = {
+        "a": [step(100.0, 1, 2, "k1"), step(101.0, 2, 2, "k1"), step(102.2, 3, 1, "k2"), step(104.0, 4, 2, "k3")],
+        "b": [step(100.0, 1, 2, "k1"), step(103.01, 2, 2, "k1"), step(104.0, 4, 2, "k3", r=0)],
+    }
+    arm.faults = [Fault("stop", "b", 101.5, restarted=103.0)]
+    (stop,) = figures(arm, warmup=0.0).faults
+    assert (stop.detected_s, stop.survived_s, stop.rejoined_s, stop.stale) == (0.7, 0.7, 1.0, 0)
+
+
 @pytest.mark.slow
 def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
     argv = ["--peers", "2", "--seconds", "9", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]

@@ -7,7 +7,8 @@
   the victim (its reduction was abandoned, or it stepped in a smaller group);
   ``survived``, when every survivor had stepped in a group without the victim;
   ``rejoined``, from the restart (a new process, or SIGCONT) to the victim's first step
-  in the whole group, state transfer included; ``stale``: reductions of the victim's
+  in the whole group in a ring other than the one it was faulted in, state transfer
+  included; ``stale``: reductions of the victim's
   after it woke, before it stepped in the group again, that were abandoned, refused, or
   completed only in the ring it had been dropped from (partial, below): none of them
   averaged into the group's weights.
@@ -123,11 +124,14 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]]) -> Fa
         for n in survivors
     ]
     stepped = [first(n, fault.t, None, lambda e: e["e"] == "step" and e["n"] < arm.peers) for n in survivors]
+    # the ring the victim was in when it was faulted: a step there after it woke (one it finished before
+    # the stop, or a partial one) is not its return to the group
+    old_ring = next((e.get("g") for e in reversed(arm.events[fault.victim]) if e["t"] < fault.t and "g" in e), None)
     back = first(
         fault.victim,
         restart,
         None,
-        lambda e: e["e"] == "step" and e["n"] == arm.peers and not _partial(e, abandoned),  # not its old ring's
+        lambda e: e["e"] == "step" and e["n"] == arm.peers and e.get("g") != old_ring and not _partial(e, abandoned),
     )
     started = None
     if fault.kind == "kill":
@@ -139,7 +143,7 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]]) -> Fa
         refused_before = max(
             (e["r"] for e in arm.events[fault.victim] if e["e"] == "step" and e["t"] < fault.t), default=0
         )
-        rejoin = [e for e in woke if e["e"] == "step" and not _partial(e, abandoned)]
+        rejoin = [e for e in woke if e["e"] == "step" and e.get("g") != old_ring and not _partial(e, abandoned)]
         refused_after = rejoin[0]["r"] if rejoin else refused_before
         held = sum(1 for e in woke if e["e"] == "abandoned" or (e["e"] == "step" and _partial(e, abandoned)))
         stale = held + refused_after - refused_before
