@@ -90,7 +90,10 @@ def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
         assert 0 <= arm["partial_differing"] <= arm["partial"]
     stop = faulty["faults"][0]
     assert stop["kind"] == "stop" and stop["rejoined_s"] is not None and stop["stale"] >= 0
-    assert all(f["detected_s"] is not None and f["survived_s"] is not None for f in faulty["faults"])
+    # a survivor steps without a killed learner unless its new process (forked in a few ms) is back first
+    for f in faulty["faults"] + faulty2["faults"]:
+        assert f["detected_s"] is not None and (f["survived_s"] is not None or f["kind"] == "kill"), f
+        assert f["survived_s"] is not None or f["rejoined_s"] is not None, f
 
 
 def test_a_learner_started_as_a_new_interpreter_trains():

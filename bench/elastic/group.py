@@ -182,13 +182,16 @@ _SERVER: multiprocessing.context.BaseContext | None = None
 
 def _fork_server() -> multiprocessing.context.BaseContext:
     """The fork server context, its server importing torch and the learner once, when
-    the first learner starts (and ending with this process). It also imports what
+    the first learner starts (and ending with this process), and building an optimiser
+    once (``bench.elastic.warm``). It also imports what
     ``python -m bench.elastic``'s main module imports, which every child runs again
     (``multiprocessing`` prepares a child so), to find it imported already."""
     global _SERVER
     if _SERVER is None:
         _SERVER = multiprocessing.get_context("forkserver")
-        _SERVER.set_forkserver_preload(["bench.elastic.group", "bench.elastic.report", "bench.common.cli"])
+        _SERVER.set_forkserver_preload(
+            ["bench.elastic.warm", "bench.elastic.group", "bench.elastic.report", "bench.common.cli"]
+        )
     return _SERVER
 
 

@@ -5,7 +5,8 @@
   averaged (each version's group size x the batch).
 - per fault, from the signal: ``detected``, when every survivor had stopped waiting for
   the victim (its reduction was abandoned, or it stepped in a smaller group);
-  ``survived``, when every survivor had stepped in a group without the victim;
+  ``survived``, when every survivor had stepped in a group without the victim (None
+  when a killed victim's new process was back before that group formed);
   ``rejoined``, from the restart (a new process, or SIGCONT) to the victim's first step
   in the whole group in a ring other than the one it was faulted in, state transfer
   included; ``stale``: reductions of the victim's
@@ -187,9 +188,12 @@ def table(clean: ArmFigures | None, faulty: ArmFigures | None) -> list[str]:
             extra = "" if f.started_s is None else f" (the new process up after {_s(f.started_s)})"
             if f.stale is not None:
                 extra = f", stale reductions not averaged in: {f.stale}"
+            survived = _s(f.survived_s)
+            if f.survived_s is None and f.rejoined_s is not None:
+                survived = "not before it was back"  # its replacement joined before the smaller group formed
             lines.append(
                 f"    at {f.at_s:6.1f} s {f.kind:4} {f.victim}: detected {_s(f.detected_s)}, survivors stepped "
-                f"{_s(f.survived_s)}, rejoined {_s(f.rejoined_s)}{extra}"
+                f"{survived}, rejoined {_s(f.rejoined_s)}{extra}"
             )
     return lines
 
