@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
+import signal
 import subprocess
 import sys
 
@@ -35,7 +36,13 @@ except KeyboardInterrupt:
 """
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def soak(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Soak the tiny job, with SIGINT ignored in the soak as in a shell's background job (``&``):
+    the soak still stops its job with SIGINT."""
     job = tmp_path / "job.py"
     job.write_text(JOB)
     path = tmp_path / "soak.csv"
@@ -43,7 +50,13 @@ def soak(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     argv += ["--job", f"{sys.executable} {job} {mode}"]
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.soak", *argv], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+        [sys.executable, "-m", "bench.soak", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+        preexec_fn=_ignore_sigint,
     )
     with open(path) as f:
         return done, list(csv.DictReader(f))

@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"soak: {args.job!r} for {args.hours:g} h, a sample every {args.sample_seconds:g} s into {args.csv}", flush=True
     )
-    job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL)
+    # SIGINT at its default in the job, as a terminal's Ctrl-C finds it: a soak started in the background
+    # of a shell (``&``, nohup) inherits it ignored, and so would the job, which then outlived the soak
+    job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=_default_sigint)
     tree = Tree(job.pid)
     start = time.monotonic()
     end = start + args.hours * 3600
@@ -134,6 +136,10 @@ def report(rows: list[dict], warmup_s: float) -> None:
 def _made_by(name: str, pids: set[int]) -> bool:
     parts = name.split(".")
     return name.startswith("shmpad.") and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) in pids
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop(job: subprocess.Popen) -> None:
