@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -70,14 +71,14 @@ def test_a_step_a_stopped_learner_finishes_in_its_old_ring_is_not_its_return():
 @pytest.mark.slow
 def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
     argv = ["--peers", "2", "--seconds", "9", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]
-    argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--rounds", "2", "--json"]
+    argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--rounds", "2", "--arms", "apart", "--json"]
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
         [sys.executable, "-m", "bench.elastic", *argv], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    clean, faulty, faulty2, clean2, summary = (json.loads(line) for line in done.stdout.splitlines())
-    assert [a["round"] for a in (clean, faulty, faulty2, clean2)] == [1, 1, 2, 2]  # round 2: faults first
+    clean, faulty, clean2, faulty2, summary = (json.loads(line) for line in done.stdout.splitlines())
+    assert [a["round"] for a in (clean, faulty, clean2, faulty2)] == [1, 1, 2, 2]
     assert (clean["faults_on"], clean["faults"], faulty["faults_on"], faulty2["faults_on"]) == (False, [], True, True)
     kept = [faulty["steps_per_s"] / clean["steps_per_s"], faulty2["steps_per_s"] / clean2["steps_per_s"]]
     assert summary == {"backend": "shmpad", "kept_median": pytest.approx(sum(kept) / 2), "kept": pytest.approx(kept)}
@@ -104,3 +105,32 @@ def test_a_learner_started_as_a_new_interpreter_trains():
     steps = [e for e in arm.events["learner0"] if e["e"] == "step"]
     assert arm.events["learner0"][0]["e"] == "up" and steps and steps[-1]["n"] == 1
     assert [e["v"] for e in steps] == list(range(1, len(steps) + 1))
+
+
+@pytest.mark.slow
+def test_side_by_side_arms_are_counted_over_the_same_seconds():
+    argv = ["--peers", "2", "--seconds", "6", "--interval", "3", "--faults", "kill", "--width", "16"]
+    argv += ["--backends", "shmpad", "--warmup", "1", "--rounds", "1", "--json", "--save", "SAVE"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    with tempfile.TemporaryDirectory() as save:
+        argv[-1] = save
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.elastic", *argv],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env=env,
+            cwd=ROOT,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        assert json.load(open(os.path.join(save, "results.json")))[:2] == [
+            json.loads(line) for line in done.stdout.splitlines()[:2]
+        ]
+    clean, faulty, summary = (json.loads(line) for line in done.stdout.splitlines())
+    assert (clean["faults_on"], faulty["faults_on"], len(clean["faults"]), len(faulty["faults"])) == (False, True, 0, 1)
+    assert clean["seconds"] == faulty["seconds"] <= 5.0  # the window both arms ran, less the warm-up
+    assert summary["kept"] == [pytest.approx(faulty["steps_per_s"] / clean["steps_per_s"])]
+    for arm in (clean, faulty):
+        assert arm["steps_per_s"] > 0 and arm["versions_compared"] > 0 and arm["versions_differing"] == 0, arm
+    kill = faulty["faults"][0]
+    assert kill["kind"] == "kill" and kill["detected_s"] is not None and kill["rejoined_s"] is not None, kill

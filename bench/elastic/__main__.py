@@ -5,12 +5,20 @@ is SIGKILLed or SIGSTOPped every ``--interval`` seconds, against a fault-free ru
     python -m bench.elastic --rounds 1 --seconds 60 --interval 15 --backends shmpad
     python -m bench.elastic --json --save docs/results/elastic
 
-Method. ``--rounds`` rounds; in each, for each backend, two arms in turn, each a fresh
-group: ``clean`` (no faults) and ``faults`` (the faults arm first in every other round). Each arm starts a broker in this process (the command line's heartbeat,
-timeout and settle delay) and ``--peers`` learner processes (``bench.elastic.learner``:
-an MLP of ``--width``, batches of ``--batch``, one torch thread each, so that two cores
-hold four). Its clock starts at the whole group's first step; rates are counted from
-``--warmup`` seconds later to ``--seconds`` after the start. In the ``faults`` arm, every
+Method. ``--rounds`` rounds; in each, for each backend, two arms, each a fresh group:
+``clean`` (no faults) and ``faults``. ``--arms together`` (the default) runs the two
+side by side, at once: a shared machine's speed drifts by a fifth within a minute, and
+then it drifts for both alike (``--faults none`` runs the faults arm without faults, so
+that its kept is the method's own noise; ``docs/results/elastic/README.md`` has both
+methods' figures). Side by side, the clean group gets the cores
+the faulted one leaves idle while it recovers, which counts against the faults arm.
+``--arms apart`` runs them one after the other, the faults arm first in every other
+round. Each arm starts a broker in this process (the command line's heartbeat, timeout
+and settle delay) and ``--peers`` learner processes (``bench.elastic.learner``: an MLP
+of ``--width``, batches of ``--batch``, one torch thread each, so that two cores hold
+four, or eight for two arms). Its clock starts at the whole group's first step; rates
+are counted from ``--warmup`` seconds later to ``--seconds`` after the start (side by
+side: over the seconds both arms ran). In the ``faults`` arm, every
 ``--interval`` seconds a member picked at random is faulted, ``--faults`` in turn:
 ``kill`` (SIGKILL, then a new process under its name at once) or ``stop`` (SIGSTOP,
 then SIGCONT ``--stop-seconds`` later). ``--restart`` says how a learner process
@@ -34,12 +42,13 @@ import sys
 from dataclasses import dataclass
 
 from bench.common.cli import parser_for
-from bench.elastic.group import RunFailed, run_arm
-from bench.elastic.report import HEADER, figures, table
+from bench.elastic.group import RunFailed, run_arm, run_arms_together
+from bench.elastic.report import HEADER, ArmFigures, figures, table
 from shmpad.net.broker import HEARTBEAT_S, SETTLE_S, TIMEOUT_S
 
 KINDS = ("kill", "stop")
 RESTARTS = ("fork", "exec")
+ARMS = ("together", "apart")
 
 
 @dataclass
@@ -51,7 +60,8 @@ class Args:
     interval: float = 30.0
     """seconds between faults in the faults arm"""
     faults: str = "kill,stop"
-    """the faults to inject, in turn: kill (SIGKILL and restart), stop (SIGSTOP, then SIGCONT)"""
+    """the faults to inject, in turn: kill (SIGKILL and restart), stop (SIGSTOP, then SIGCONT); none: the
+    faults arm runs without faults (its kept is the method's noise)"""
     stop_seconds: float = 3.0
     """how long a stopped learner stays stopped (the broker drops it after its timeout)"""
     backends: str = "shmpad,gloo"
@@ -63,8 +73,10 @@ class Args:
     batch: int = 32
     """samples per learner per step"""
     rounds: int = 3
-    """rounds of a clean arm and a faults arm per backend (in turn, the first arm alternating); kept is the
-    median of the rounds' ratios"""
+    """rounds of a clean arm and a faults arm per backend; kept is the median of the rounds' ratios"""
+    arms: str = "together"
+    """together: a round's clean and faults arms run side by side, at once (the machine's drift falls on both);
+    apart: one after the other, the first alternating"""
     seed: int = 0
     """seed of the fault injector's choice of victims (round r uses seed + r)"""
     restart: str = "fork"
@@ -79,14 +91,16 @@ class Args:
 def parse_args(argv: list[str] | None = None) -> Args:
     parser = parser_for(Args, "python -m bench.elastic", __doc__.split("\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
-    kinds = tuple(k for k in args.faults.split(",") if k)
-    if not kinds or any(k not in KINDS for k in kinds):
-        parser.error(f"--faults takes a comma-separated list of {', '.join(KINDS)}, got {args.faults!r}")
+    kinds = _kinds(args.faults)
+    if args.faults != "none" and (not kinds or any(k not in KINDS for k in kinds)):
+        parser.error(f"--faults takes none or a comma-separated list of {', '.join(KINDS)}, got {args.faults!r}")
     backends = [b for b in args.backends.split(",") if b]
     if not backends or any(b not in ("shmpad", "gloo") for b in backends):
         parser.error(f"--backends takes a comma-separated list of shmpad, gloo, got {args.backends!r}")
     if args.restart not in RESTARTS:
         parser.error(f"--restart takes one of {', '.join(RESTARTS)}, got {args.restart!r}")
+    if args.arms not in ARMS:
+        parser.error(f"--arms takes one of {', '.join(ARMS)}, got {args.arms!r}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.peers < 2:
@@ -100,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    kinds = tuple(k for k in args.faults.split(",") if k)
+    kinds = _kinds(args.faults)
     out: list[str] = []
 
     def say(line: str) -> None:
@@ -110,37 +124,35 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         say(
             f"bench.elastic: {args.peers} learners (MLP 64-{args.width}-{args.width}-8, batch {args.batch}), "
-            f"{args.seconds:g} s per arm, a fault every {args.interval:g} s ({', '.join(kinds)} in turn); broker "
-            f"heartbeat {HEARTBEAT_S} s, timeout {TIMEOUT_S} s, settle {SETTLE_S} s; learners started by {args.restart}; {_cpu()}, {os.cpu_count()} cores"
+            f"{args.seconds:g} s per arm, a fault every {args.interval:g} s ({', '.join(kinds) or 'none'} in turn); broker "
+            f"heartbeat {HEARTBEAT_S} s, timeout {TIMEOUT_S} s, settle {SETTLE_S} s; learners started by {args.restart}; "
+            f"clean and faults arms {'side by side' if args.arms == 'together' else 'one after the other'}; "
+            f"{_cpu()}, {os.cpu_count()} cores"
         )
         say(HEADER)
     results = []
     failed = False
     kept: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        order = (False, True) if r % 2 == 0 else (True, False)  # neither arm always first
         for backend in (b for b in args.backends.split(",") if b):
+            settings = dict(
+                peers=args.peers,
+                seconds=args.seconds,
+                interval=args.interval,
+                kinds=kinds,
+                width=args.width,
+                batch=args.batch,
+                stop_s=args.stop_seconds,
+                seed=args.seed + r,
+                restart=args.restart,
+            )
             arms = {}
-            for faults_on in order:
-                try:
-                    arm = run_arm(
-                        backend,
-                        peers=args.peers,
-                        seconds=args.seconds,
-                        interval=args.interval,
-                        kinds=kinds,
-                        faults_on=faults_on,
-                        width=args.width,
-                        batch=args.batch,
-                        stop_s=args.stop_seconds,
-                        seed=args.seed + r,
-                        restart=args.restart,
-                    )
-                except RunFailed as e:
-                    failed = True
-                    say(f"{backend} {'faults' if faults_on else 'clean'}: FAILED: {e}")
-                    continue
-                fig = arms[faults_on] = figures(arm, args.warmup)
+            try:
+                arms = _run_round(backend, r, args, settings)
+            except RunFailed as e:
+                failed = True
+                say(f"{backend} round {r + 1}: FAILED: {e}")
+            for fig in arms.values():
                 results.append({"round": r + 1, **fig.as_dict()})
                 if args.json:
                     say(json.dumps(results[-1]))
@@ -169,6 +181,23 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.save, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
     return 1 if failed else 0
+
+
+def _kinds(faults: str) -> tuple[str, ...]:
+    return () if faults == "none" else tuple(k for k in faults.split(",") if k)
+
+
+def _run_round(backend: str, r: int, args: Args, settings: dict) -> dict[bool, ArmFigures]:
+    """One round's arms of one backend, by ``faults_on``: side by side, or one after the
+    other (the faults arm first in every other round), as ``args.arms`` says."""
+    if args.arms == "together":
+        clean, faulty = run_arms_together(backend, **settings)
+        window = (max(clean.started, faulty.started) + args.warmup, min(clean.ended, faulty.ended))
+        return {False: figures(clean, args.warmup, window), True: figures(faulty, args.warmup, window)}
+    arms = {}
+    for faults_on in (False, True) if r % 2 == 0 else (True, False):  # neither arm always first
+        arms[faults_on] = figures(run_arm(backend, faults_on=faults_on, **settings), args.warmup)
+    return dict(sorted(arms.items()))
 
 
 def _cpu() -> str:

@@ -37,6 +37,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -270,7 +271,7 @@ def run_arm(
         last = arm.ended - interval / 2  # no fault after this
         due = arm.started + interval
         faults = 0
-        while faults_on and due <= last:
+        while faults_on and kinds and due <= last:
             pump(due)
             while not _whole(arm, learners, peers) and time.monotonic() < last:
                 pump(time.monotonic() + 0.1)
@@ -303,6 +304,31 @@ def run_arm(
         _end(list(learners.values()))
         selector.close()
         broker.close()
+
+
+def run_arms_together(backend: str, **settings) -> tuple[Arm, Arm]:
+    """A clean arm and a faults arm at once, side by side on the same machine (two groups,
+    each with its broker, run from two threads of this process): whatever the machine's
+    speed does while they run (other tenants, clock changes) falls on both alike.
+    ``settings`` are ``run_arm``'s, less ``faults_on``. Returns ``(clean, faulty)``."""
+    _fork_server()  # once, before two threads start learners
+    arms: dict[bool, Arm] = {}
+    failures: list[BaseException] = []
+
+    def one(faults_on: bool) -> None:
+        try:
+            arms[faults_on] = run_arm(backend, faults_on=faults_on, **settings)
+        except BaseException as e:  # re-raised in the caller's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=one, args=(faults_on,), name=f"arm-{faults_on}") for faults_on in (False, True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return arms[False], arms[True]
 
 
 def _whole(arm: Arm, learners: dict[str, _Learner], peers: int) -> bool:

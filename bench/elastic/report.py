@@ -1,8 +1,9 @@
 """The figures of ``bench.elastic`` from one arm's events (``bench.elastic.group.Arm``).
 
 - steps/s: versions the group reached per second, counted from the whole group's first
-  step (plus ``warmup`` seconds) to the arm's end; samples/s: the samples those steps
-  averaged (each version's group size x the batch).
+  step (plus ``warmup`` seconds) to the arm's end, or over the seconds two arms run side
+  by side both ran; samples/s: the samples those steps averaged (each version's group
+  size x the batch).
 - per fault, from the signal: ``detected``, when every survivor had stopped waiting for
   the victim (its reduction was abandoned, or it stepped in a smaller group);
   ``survived``, when every survivor had stepped in a group without the victim (None
@@ -62,8 +63,11 @@ class ArmFigures:
         return asdict(self)
 
 
-def figures(arm: Arm, warmup: float) -> ArmFigures:
-    start, end = arm.started + warmup, arm.ended
+def figures(arm: Arm, warmup: float, window: tuple[float, float] | None = None) -> ArmFigures:
+    """``window``: the rates' ``(start, end)`` (``time.monotonic()``), if not from ``warmup``
+    seconds after the group's first step to the arm's end (two arms run side by side are
+    counted over the same seconds)."""
+    start, end = window or (arm.started + warmup, arm.ended)
     first_seen: dict[int, float] = {}
     size: dict[int, int] = {}
     digests: dict[int, set[int]] = {}
