@@ -68,6 +68,21 @@ def test_a_step_a_stopped_learner_finishes_in_its_old_ring_is_not_its_return():
     assert (stop.detected_s, stop.survived_s, stop.rejoined_s, stop.stale) == (0.7, 0.7, 1.0, 0)
 
 
+def test_a_fault_is_read_from_the_events_before_the_next_one():
+    # b is killed at 102 and its new process is back (in ring k2) before a steps without it; at 110 b is
+    # stopped and a steps alone: that step is the stop's, not the kill's
+    arm = Arm("shmpad", True, 2, batch=10, started=100.0, ended=120.0)
+    arm.events = {
+        "a": [step(101.0, 1, 2, "k1"), abandoned(102.05, 1, "k1"), step(102.4, 2, 2, "k2"), step(110.8, 3, 1, "k3")]
+        + [step(112.0, 4, 2, "k4")],
+        "b": [step(101.0, 1, 2, "k1"), {"e": "up", "t": 102.1}, step(102.4, 2, 2, "k2"), step(112.0, 4, 2, "k4")],
+    }
+    arm.faults = [Fault("kill", "b", 102.0, restarted=102.0), Fault("stop", "b", 110.0, restarted=111.0)]
+    kill, stop = figures(arm, warmup=0.0).faults
+    assert (kill.detected_s, kill.survived_s, kill.rejoined_s, kill.started_s) == (0.05, None, 0.4, 0.1)
+    assert (stop.detected_s, stop.survived_s, stop.rejoined_s, stop.stale) == (0.8, 0.8, 1.0, 0)
+
+
 @pytest.mark.slow
 def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
     argv = ["--peers", "2", "--seconds", "9", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]

@@ -100,7 +100,10 @@ def figures(arm: Arm, warmup: float, window: tuple[float, float] | None = None) 
         versions_differing=sum(1 for v in compared if len(digests[v]) > 1),
         partial=len(partial),
         partial_differing=sum(1 for e in partial if e["d"] not in digests.get(e["v"], {e["d"]})),
-        faults=[_fault(arm, f, abandoned) for f in arm.faults],
+        faults=[
+            _fault(arm, f, abandoned, after.t if after is not None else None)
+            for f, after in zip(arm.faults, [*arm.faults[1:], None])
+        ],
     )
 
 
@@ -114,28 +117,30 @@ def _partial(step: dict, abandoned: set[tuple[str | None, int]]) -> bool:
     return (step.get("g"), step["v"] - 1) in abandoned
 
 
-def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]]) -> FaultFigures:
+def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]], until: float | None) -> FaultFigures:
+    """The figures of ``fault``, from the events before ``until`` (the next fault, if any:
+    what came after it is that fault's)."""
     survivors = [n for n in arm.events if n != fault.victim]
     restart = fault.restarted if fault.restarted is not None else fault.t
 
-    def first(name: str, after: float, until: float | None, test) -> float | None:
+    def first(name: str, after: float, before: float | None, test) -> float | None:
         return next(
-            (e["t"] for e in arm.events[name] if after < e["t"] and (until is None or e["t"] < until) and test(e)),
+            (e["t"] for e in arm.events[name] if after < e["t"] and (before is None or e["t"] < before) and test(e)),
             None,
         )
 
     stopped = [
-        first(n, fault.t, None, lambda e: e["e"] == "abandoned" or (e["e"] == "step" and e["n"] < arm.peers))
+        first(n, fault.t, until, lambda e: e["e"] == "abandoned" or (e["e"] == "step" and e["n"] < arm.peers))
         for n in survivors
     ]
-    stepped = [first(n, fault.t, None, lambda e: e["e"] == "step" and e["n"] < arm.peers) for n in survivors]
+    stepped = [first(n, fault.t, until, lambda e: e["e"] == "step" and e["n"] < arm.peers) for n in survivors]
     # the ring the victim was in when it was faulted: a step there after it woke (one it finished before
     # the stop, or a partial one) is not its return to the group
     old_ring = next((e.get("g") for e in reversed(arm.events[fault.victim]) if e["t"] < fault.t and "g" in e), None)
     back = first(
         fault.victim,
         restart,
-        None,
+        until,
         lambda e: e["e"] == "step" and e["n"] == arm.peers and e.get("g") != old_ring and not _partial(e, abandoned),
     )
     started = None
@@ -144,7 +149,8 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]]) -> Fa
         started = None if up is None else round(up - restart, 3)
     stale = None
     if fault.kind == "stop":
-        woke = [e for e in arm.events[fault.victim] if restart < e["t"] and (back is None or e["t"] <= back)]
+        last = back if back is not None else until
+        woke = [e for e in arm.events[fault.victim] if restart < e["t"] and (last is None or e["t"] <= last)]
         refused_before = max(
             (e["r"] for e in arm.events[fault.victim] if e["e"] == "step" and e["t"] < fault.t), default=0
         )
