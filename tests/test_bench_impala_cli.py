@@ -17,7 +17,7 @@ import sys
 import pytest
 from helpers import Tmux, kill_and_reap, run_command, start_session, track_pid, wait_until
 
-from bench.impala import progress, train
+from bench.impala import progress, rundir, train
 from bench.impala.plan import MLP_MAX_ACTORS, usable_cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,7 +84,7 @@ def test_args_are_resolved_once_into_what_the_nodes_need(monkeypatch):
     assert (job.group.broker, job.group.min_size) == ("127.0.0.1:5555", 2)
     assert train.resolve(train.parse_args([])).group is None
     # config.json: every option in Args' order, the plan's choices in place of 0 and auto
-    config = train.run_config(args, job.plan)
+    config = rundir.run_config(dataclasses.asdict(args), job.plan)
     assert list(config) == list(dataclasses.asdict(args))
     assert (config["num_actors"], config["envs_per_worker"]) == (job.plan.num_actors, job.plan.envs_per_worker)
     assert config["compile"] == ("on" if job.plan.compile else "off") and config["pin"] in ("on", "off")
@@ -99,6 +99,28 @@ def test_the_progress_line_names_the_role_that_bounds_the_run():
     assert progress.bound(0.76, 0.0).startswith("learner-bound: queue  76% full, learner waits   0%")
     assert progress.bound(0.02, 0.4).startswith("actor-bound")
     assert progress.bound(0.2, 0.05).startswith("balanced")
+
+
+def test_a_run_log_starts_anew_or_appends_with_the_columns_it_was_started_with(tmp_path):
+    with progress.RunLog(str(tmp_path), resume=False) as log:
+        log.episodes(100, [-21.0, -20.0])
+        log.row({"frames": 100, "seconds": 1.5, "not_a_column": 7})
+    old = ["frames", "seconds"]  # a log an older version started, with fewer columns
+    (tmp_path / "log.csv").write_text("frames,seconds\n100,1.5\n")
+    with progress.RunLog(str(tmp_path), resume=True) as log:
+        log.episodes(200, [-19.0])
+        log.row({"frames": 200, "seconds": 3.0, "mean_return": -19.0})
+    assert (tmp_path / "log.csv").read_text().splitlines() == [",".join(old), "100,1.5", "200,3.0"]
+    assert (tmp_path / "episodes.csv").read_text().splitlines() == [
+        "frames,return",
+        "100,-21.0",
+        "100,-20.0",
+        "200,-19.0",
+    ]
+    with progress.RunLog(str(tmp_path), resume=False) as log:  # a new run (rundir refuses a used folder first)
+        log.row({"frames": 1})
+    assert (tmp_path / "log.csv").read_text().splitlines()[0] == ",".join(progress.CSV_COLUMNS)
+    assert (tmp_path / "episodes.csv").read_text().splitlines() == ["frames,return"]
 
 
 def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():

@@ -17,6 +17,7 @@ __all__ = [
     "actor_counters",
     "actor_totals",
     "EPISODE_COLUMNS",
+    "RunLog",
     "bound",
     "csv_header",
     "last_seconds",
@@ -174,6 +175,43 @@ def bound(queue_fill: float, wait_fraction: float) -> str:
     else:
         role = "balanced"
     return f"{role}: queue {queue_fill:4.0%} full, learner waits {wait_fraction:4.0%}"
+
+
+class RunLog:
+    """A run's ``log.csv`` (a progress row per ``--log-interval``) and ``episodes.csv``
+    (frames and true return of each finished episode), both flushed after every row.
+    A resumed run appends to them, the log keeping the columns it was started with."""
+
+    def __init__(self, out: str, resume: bool) -> None:
+        self.path = os.path.join(out, "log.csv")
+        self.episodes_path = os.path.join(out, "episodes.csv")
+        new = not (resume and os.path.exists(self.path))
+        mode = "w" if new else "a"
+        self._log_file = open(self.path, mode, newline="")
+        self._episodes_file = open(self.episodes_path, mode, newline="")
+        self._log = csv.DictWriter(self._log_file, CSV_COLUMNS if new else csv_header(self.path), extrasaction="ignore")
+        self._episodes = csv.writer(self._episodes_file)
+        if new:
+            self._log.writeheader()
+            self._episodes.writerow(EPISODE_COLUMNS)
+
+    def episodes(self, frames: int, returns: list[float]) -> None:
+        self._episodes.writerows((frames, r) for r in returns)
+
+    def row(self, row: dict) -> None:
+        self._log.writerow(row)
+        self._log_file.flush()
+        self._episodes_file.flush()
+
+    def close(self) -> None:
+        self._log_file.close()
+        self._episodes_file.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def csv_header(path: str) -> list[str]:

@@ -32,6 +32,7 @@ __all__ = [
     "default_out",
     "latest_run",
     "remove_temp_files",
+    "run_config",
     "write_config",
 ]
 
@@ -90,6 +91,22 @@ def check(out: str, config: Mapping[str, Any], resume: bool, identity: Sequence[
     elif recorded is not None or has_checkpoint or os.path.exists(os.path.join(out, LOG)):
         what = f"a run of {recorded['env']!r}" if recorded and "env" in recorded else "a run"
         raise RunDirError(f"--out {out} already holds {what}; continue it with --resume or choose another --out")
+
+
+def run_config(options: Mapping[str, Any], plan: Any) -> dict[str, Any]:
+    """config.json: every option, with the plan's choices (``bench.impala.plan.Plan``) in
+    place of 0 and auto."""
+    return {
+        **options,
+        "num_actors": plan.num_actors,
+        "num_workers": plan.num_workers,
+        "envs_per_worker": plan.envs_per_worker,
+        "learner_threads": plan.learner_threads,
+        "compile": "on" if plan.compile else "off",
+        "bf16": "on" if plan.bf16 else "off",
+        "pin": "on" if plan.pin else "off",
+        "epochs": plan.epochs,
+    }
 
 
 def write_config(out: str, config: Mapping[str, Any]) -> None:

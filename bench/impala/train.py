@@ -31,7 +31,6 @@ as the machine has cores; ``--device cuda`` puts inference and the learner on a 
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 import sys
@@ -46,17 +45,7 @@ from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_p
 from bench.common.cli import explicit_options, parser_for
 from bench.impala import rundir
 from bench.impala.plan import ALGO_DEFAULTS, FAMILY_DEFAULTS, Plan, env_family, make_plan, pinned_cpus
-from bench.impala.progress import (
-    CSV_COLUMNS,
-    EPISODE_COLUMNS,
-    actor_counters,
-    actor_totals,
-    csv_header,
-    last_seconds,
-    plot,
-    progress,
-    progress_line,
-)
+from bench.impala.progress import RunLog, actor_counters, actor_totals, last_seconds, plot, progress, progress_line
 from bench.impala.tensorboard import TensorBoardLog
 from bench.impala.usage import CHOICES, EXAMPLES, HELP_GROUPS, advice, summary
 from learners import Learner, LearnerConfig, make_model
@@ -364,21 +353,6 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
     )
 
 
-def run_config(args: Args, plan: Plan) -> dict:
-    """config.json: every option, with the plan's choices in place of 0 and auto."""
-    return {
-        **dataclasses.asdict(args),
-        "num_actors": plan.num_actors,
-        "num_workers": plan.num_workers,
-        "envs_per_worker": plan.envs_per_worker,
-        "learner_threads": plan.learner_threads,
-        "compile": "on" if plan.compile else "off",
-        "bf16": "on" if plan.bf16 else "off",
-        "pin": "on" if plan.pin else "off",
-        "epochs": plan.epochs,
-    }
-
-
 def build_model(job: Job, obs_shape, num_actions: int):
     torch.manual_seed(job.seed)
     return make_model(
@@ -504,17 +478,8 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) ->
         )
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
         print(f"joining group {group.name!r} at {group.broker} as {learner.accumulator.name}", flush=True)
-    log_path = os.path.join(job.out, "log.csv")
-    episodes_path = os.path.join(job.out, "episodes.csv")
-    new_log = not (job.resume and os.path.exists(log_path))
     stop = lp.stop_event()
-    with open(log_path, "w" if new_log else "a", newline="") as f, open(episodes_path, "w" if new_log else "a") as ep:
-        # a resumed log keeps the columns it was started with
-        log = csv.DictWriter(f, CSV_COLUMNS if new_log else csv_header(log_path), extrasaction="ignore")
-        episodes = csv.writer(ep)
-        if new_log:
-            log.writeheader()
-            episodes.writerow(EPISODE_COLUMNS)
+    with RunLog(job.out, job.resume) as log:
         board = TensorBoardLog(os.path.join(job.out, "tensorboard")) if job.tensorboard else None
         start = time.monotonic()
         last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
@@ -524,14 +489,12 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) ->
                 learner.step(timeout=1.0)
             except Timeout:
                 pass
-            episodes.writerows((learner.frames, r) for r in learner.new_returns)
+            log.episodes(learner.frames, learner.new_returns)
             learner.new_returns.clear()
             now = time.monotonic()
             if now - last["t"] >= job.log_interval or learner.frames >= job.total_frames:
                 row = progress(learner, trajectories, last, now, seconds_before + now - start, actor_totals())
-                log.writerow(row)
-                f.flush()
-                ep.flush()
+                log.row(row)
                 print(progress_line(row), flush=True)
                 report(row, learner, board)
             if now - last_checkpoint >= 60 * job.checkpoint_minutes:
@@ -542,10 +505,10 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) ->
             board.close()
     if learner.accumulator is not None:
         learner.accumulator.close()
-    plot(log_path, os.path.join(job.out, "curve.png"), job.env.env_id, episodes_path)
+    plot(log.path, os.path.join(job.out, "curve.png"), job.env.env_id, log.episodes_path)
     if learner.frames >= job.total_frames:
         print(
-            f"done: {learner.frames:,} frames; wrote {log_path}, {os.path.join(job.out, 'curve.png')}, {checkpoint}",
+            f"done: {learner.frames:,} frames; wrote {log.path}, {os.path.join(job.out, 'curve.png')}, {checkpoint}",
             flush=True,
         )
     else:
@@ -607,7 +570,7 @@ IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space
 def prepare_run(args: Args, job: Job) -> int | None:
     """Check ``--out`` (and with ``--resume`` its checkpoint) before anything is launched,
     then write ``config.json``. Returns the frames of the checkpoint resumed, if any."""
-    config = run_config(args, job.plan)
+    config = rundir.run_config(dataclasses.asdict(args), job.plan)
     rundir.check(job.out, config, job.resume, IDENTITY)
     frames = None
     if job.resume:
