@@ -35,6 +35,7 @@ import tempfile
 import time
 
 from bench.common.evidence import add_save_option, saving
+from bench.common.jobs import start_job
 from bench.impala import train
 
 __all__ = ["main", "steady", "parse_args"]
@@ -124,7 +125,7 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
     members are found in /proc)."""
     cmd = [sys.executable, "-m", "bench.impala", *flags, "--out", out]
     with open(os.path.join(os.path.dirname(out), os.path.basename(out) + ".log"), "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = start_job(cmd, stdout=log)  # SIGINT at its default: the stop below reaches it
         stopped = False
         try:
             try:

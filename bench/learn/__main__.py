@@ -35,11 +35,11 @@ import platform
 import shlex
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
+from bench.common.jobs import start_job
 from bench.impala import rundir, train
 from bench.impala.compare import STOP_GRACE_S, _await_session_end
 
@@ -176,13 +176,7 @@ class Run:
         self.stopped_at: float | None = None
         self._log = open(self.log_path, "w")
         self.start = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=lambda: os.sched_setaffinity(0, cpus),
-        )
+        self.proc = start_job(self.cmd, stdout=self._log, cpus=cpus)  # SIGINT at its default: stop() reaches it
 
     def poll(self, keep_going: bool, seconds: float) -> bool:
         """Read its progress; stop it when done (or past ``seconds``). True once it has exited."""

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 from bench.common.cli import parser_for
+from bench.common.jobs import start_job
 from bench.soak.tree import Sample, Tree
 
 DEFAULT_JOB = f"{sys.executable} -m bench.impala --total-frames 1000000000000"
@@ -77,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"soak: {args.job!r} for {args.hours:g} h, a sample every {args.sample_seconds:g} s into {args.csv}", flush=True
     )
-    # SIGINT at its default in the job, as a terminal's Ctrl-C finds it: a soak started in the background
-    # of a shell (``&``, nohup) inherits it ignored, and so would the job, which then outlived the soak
-    job = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=_default_sigint)
+    job = start_job(command, stdout=subprocess.DEVNULL, stderr=None)  # SIGINT at its default: the stop reaches it
     tree = Tree(job.pid)
     start = time.monotonic()
     end = start + args.hours * 3600
@@ -136,10 +135,6 @@ def report(rows: list[dict], warmup_s: float) -> None:
 def _made_by(name: str, pids: set[int]) -> bool:
     parts = name.split(".")
     return name.startswith("shmpad.") and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) in pids
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _stop(job: subprocess.Popen) -> None:
