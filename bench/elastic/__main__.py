@@ -7,7 +7,7 @@ is SIGKILLed or SIGSTOPped every ``--interval`` seconds, against a fault-free ru
 
 Method. ``--rounds`` rounds; in each, for each backend, two arms, each a fresh group:
 ``clean`` (no faults) and ``faults``. ``--arms together`` (the default) runs the two
-side by side, at once: a shared machine's speed drifts by a fifth within a minute, and
+side by side, at once: a shared machine's speed drifts by a fifth from one arm to the next, and
 then it drifts for both alike (``--faults none`` runs the faults arm without faults, so
 that its kept is the method's own noise; ``docs/results/elastic/README.md`` has both
 methods' figures). Side by side, the clean group gets the cores
