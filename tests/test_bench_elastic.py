@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -87,11 +86,7 @@ def test_a_fault_is_read_from_the_events_before_the_next_one():
 def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
     argv = ["--peers", "2", "--seconds", "9", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]
     argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--rounds", "2", "--arms", "apart", "--json"]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.elastic", *argv], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    done = _bench_elastic(argv)
     clean, faulty, clean2, faulty2, summary = (json.loads(line) for line in done.stdout.splitlines())
     assert [a["round"] for a in (clean, faulty, clean2, faulty2)] == [1, 1, 2, 2]
     assert (clean["faults_on"], clean["faults"], faulty["faults_on"], faulty2["faults_on"]) == (False, [], True, True)
@@ -123,24 +118,12 @@ def test_a_learner_started_as_a_new_interpreter_trains():
 
 
 @pytest.mark.slow
-def test_side_by_side_arms_are_counted_over_the_same_seconds():
+def test_side_by_side_arms_are_counted_over_the_same_seconds(tmp_path):
     argv = ["--peers", "2", "--seconds", "6", "--interval", "3", "--faults", "kill", "--width", "16"]
-    argv += ["--backends", "shmpad", "--warmup", "1", "--rounds", "1", "--json", "--save", "SAVE"]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    with tempfile.TemporaryDirectory() as save:
-        argv[-1] = save
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.elastic", *argv],
-            capture_output=True,
-            text=True,
-            timeout=400,
-            env=env,
-            cwd=ROOT,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-        assert json.load(open(os.path.join(save, "results.json")))[:2] == [
-            json.loads(line) for line in done.stdout.splitlines()[:2]
-        ]
+    argv += ["--backends", "shmpad", "--warmup", "1", "--rounds", "1", "--json", "--save", str(tmp_path)]
+    done = _bench_elastic(argv)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == [json.loads(line) for line in done.stdout.splitlines()]
     clean, faulty, summary = (json.loads(line) for line in done.stdout.splitlines())
     assert (clean["faults_on"], faulty["faults_on"], len(clean["faults"]), len(faulty["faults"])) == (False, True, 0, 1)
     assert clean["seconds"] == faulty["seconds"] <= 5.0  # the window both arms ran, less the warm-up
@@ -149,3 +132,13 @@ def test_side_by_side_arms_are_counted_over_the_same_seconds():
         assert arm["steps_per_s"] > 0 and arm["versions_compared"] > 0 and arm["versions_differing"] == 0, arm
     kill = faulty["faults"][0]
     assert kill["kind"] == "kill" and kill["detected_s"] is not None and kill["rejoined_s"] is not None, kill
+
+
+def _bench_elastic(argv: list[str]) -> subprocess.CompletedProcess:
+    """``python -m bench.elastic ARGV``, which must succeed."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.elastic", *argv], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done
