@@ -83,6 +83,10 @@ def test_args_are_resolved_once_into_what_the_nodes_need(monkeypatch):
     assert job.queue_slots == 4 * args.batch_size  # --queue-slots 0: 4 batches
     assert (job.group.broker, job.group.min_size) == ("127.0.0.1:5555", 2)
     assert train.resolve(train.parse_args([])).group is None
+    assert train.resolve(train.parse_args(["--adam-eps", "1e-5"])).learner.adam_eps == 1e-5
+    assert train.resolve(train.parse_args([])).learner.adam_eps == 1e-8  # torch's
+    with pytest.raises(SystemExit):
+        train.parse_args(["--adam-eps", "0"])  # "--adam-eps must be > 0, got 0.0"
     # config.json: every option in Args' order, the plan's choices in place of 0 and auto
     config = rundir.run_config(dataclasses.asdict(args), job.plan)
     assert list(config) == list(dataclasses.asdict(args))

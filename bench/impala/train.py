@@ -80,6 +80,8 @@ class Args:
     """environments each worker steps (0: from the plan, 16)"""
     optimizer: str = "adam"
     """the optimiser"""
+    adam_eps: float = 1e-8
+    """Adam's epsilon (torch's default; PPO's Atari runs use 1e-5)"""
     learning_rate: float = 6e-4
     """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
     lr_decay_frames: int = 0
@@ -193,6 +195,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     ).items():
         if not getattr(args, name) >= n:
             parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
+    if not args.adam_eps > 0:
+        parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
     if args.vtrace_lambda > 1:
         parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
     if args.algo == "appo" and args.batch_size % args.minibatches:
@@ -306,6 +310,7 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         grad_norm_clip=args.grad_norm_clip or None,
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
+        adam_eps=args.adam_eps,
         reduction=args.reduction,
         algo=args.algo,
         epochs=plan.epochs,

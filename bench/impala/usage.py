@@ -24,6 +24,7 @@ HELP_GROUPS = {
         "unroll_length",
         "batch_size",
         "optimizer",
+        "adam_eps",
         "learning_rate",
         "lr_decay_frames",
         "entropy_cost",
