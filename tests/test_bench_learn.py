@@ -99,3 +99,46 @@ def test_overlay_reads_runs_and_names_the_first_frames_at_each_target(tmp_path, 
     with pytest.raises(SystemExit):
         overlay.main([str(tmp_path), "--out", str(out)])
     assert "no log.csv" in capsys.readouterr().err
+
+
+def test_overlay_tabulates_each_run_at_the_marks_and_the_median_over_runs(tmp_path, capsys):
+    from bench.learn import overlay
+
+    rows = {
+        "a": [(1000, -20), (2100, -5), (3050, 4)],
+        "b": [(900, -21), (1900, -10), (2200, 0)],
+        "c": [(1000, -19), (1500, -18)],
+    }
+    for name, points in rows.items():
+        (tmp_path / name).mkdir()
+        text = "frames,mean_return\n" + "".join(f"{f},{m}\n" for f, m in points)
+        (tmp_path / name / "log.csv").write_text(text)
+    assert overlay.at_mark(rows["a"], 2000) == -20  # the last point at or before the mark
+    assert overlay.at_mark(rows["b"], 3000) is None  # stopped short of the mark: no figure
+    assert [overlay.parse_frames(t) for t in ("2M", "500k", "5e6", "1_000")] == [2_000_000, 500_000, 5_000_000, 1000]
+    runs = [str(tmp_path / n) for n in rows]
+    argv = [
+        *runs,
+        "--label",
+        "a",
+        "--label",
+        "b",
+        "--label",
+        "c",
+        "--targets=-10,0,5",
+        "--out",
+        str(tmp_path / "o.png"),
+    ]
+    assert overlay.main([*argv, "--marks", "1K,2K,3K", "--median"]) == 0
+    out = capsys.readouterr().out
+    assert "median of 3 runs: first reached -10: 2,100, 0: 3,050, 5: not reached" in out
+    assert "| a | -20.0 | -20.0 | -5.0 |" in out
+    assert "| b | -21.0 | -10.0 | - |" in out
+    assert "| c | -19.0 | - | - |" in out
+    assert "| median | -20.0 | - | - |" in out
+    for bad in ("2X", "0", "1.5"):
+        with pytest.raises(SystemExit):
+            overlay.main([*argv, "--marks", bad])
+        assert (
+            f"--marks must be frame counts (2M, 500K, 5e6) separated by commas, got {bad!r}" in capsys.readouterr().err
+        )
