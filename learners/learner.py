@@ -232,8 +232,8 @@ class Learner:
         self.frames = 0
         self.episodes = 0
         self.returns: collections.deque[float] = collections.deque(maxlen=100)
-        self.new_returns: list[float] = []
-        """every episode's true return as it ends, for the caller to take (and clear)"""
+        self.new_episodes: list[tuple[float, int]] = []
+        """every episode's true return and length in agent steps as it ends, for the caller to take (and clear)"""
         self._lag_sum = 0.0
         self._lag_batches = 0
         self._wait_s = 0.0
@@ -450,13 +450,13 @@ class Learner:
     def _count_episodes(self, batch: dict[str, torch.Tensor]) -> None:
         """Episodes that ended and the policy lag of a batch (CPU tensors, time-major)."""
         # rows 1..T: row 0 repeats the previous unroll's last row
-        ended, ret = batch["episode_end"][1:], batch["episode_return"][1:]
+        ended, ret, length = batch["episode_end"][1:], batch["episode_return"][1:], batch["episode_step"][1:]
         if ended.device.type == "cpu":  # numpy's small operations cost a fraction of torch's
-            ended, ret = ended.numpy(), ret.numpy()
+            ended, ret, length = ended.numpy(), ret.numpy(), length.numpy()
         if ended.any():
             returns = ret[ended != 0].tolist()
             self.returns.extend(returns)
-            self.new_returns.extend(returns)
+            self.new_episodes.extend(zip(returns, length[ended != 0].tolist()))
             self.episodes += len(returns)
         if self.publisher is not None and POLICY_VERSION in batch and batch[POLICY_VERSION].device.type == "cpu":
             lag = self.publisher.lag(batch[POLICY_VERSION][1:], self.steps)

@@ -77,6 +77,7 @@ def test_cartpole_learns_through_the_full_stack(tmp_path):
     with open(out / "episodes.csv") as f:
         episodes = list(csv.DictReader(f))
     assert len(episodes) >= state["episodes"] - 1 and all(1 <= float(e["return"]) <= 500 for e in episodes)
+    assert all(int(e["steps"]) == float(e["return"]) for e in episodes)  # CartPole pays 1 a step: length is return
     assert [int(e["frames"]) for e in episodes] == sorted(int(e["frames"]) for e in episodes)
     lags = [float(r["policy_lag"]) for r in read_log(out) if r["policy_lag"] != ""]
     assert lags and all(0 <= lag < 50 for lag in lags), lags  # updates between acting and learning

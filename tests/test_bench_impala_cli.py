@@ -107,12 +107,21 @@ def test_the_progress_line_names_the_role_that_bounds_the_run():
 
 def test_a_run_log_starts_anew_or_appends_with_the_columns_it_was_started_with(tmp_path):
     with progress.RunLog(str(tmp_path), resume=False) as log:
-        log.episodes(100, [-21.0, -20.0])
+        log.episodes(100, [(-21.0, 764), (-20.0, 812)])
         log.row({"frames": 100, "seconds": 1.5, "not_a_column": 7})
+    assert (tmp_path / "episodes.csv").read_text().splitlines() == [
+        "frames,return,steps",
+        "100,-21.0,764",
+        "100,-20.0,812",
+    ]
+    with progress.RunLog(str(tmp_path), resume=True) as log:
+        log.episodes(150, [(-18.0, 901)])
+    assert (tmp_path / "episodes.csv").read_text().splitlines()[-1] == "150,-18.0,901"
     old = ["frames", "seconds"]  # a log an older version started, with fewer columns
     (tmp_path / "log.csv").write_text("frames,seconds\n100,1.5\n")
+    (tmp_path / "episodes.csv").write_text("frames,return\n100,-21.0\n100,-20.0\n")  # before lengths were kept
     with progress.RunLog(str(tmp_path), resume=True) as log:
-        log.episodes(200, [-19.0])
+        log.episodes(200, [(-19.0, 850)])
         log.row({"frames": 200, "seconds": 3.0, "mean_return": -19.0})
     assert (tmp_path / "log.csv").read_text().splitlines() == [",".join(old), "100,1.5", "200,3.0"]
     assert (tmp_path / "episodes.csv").read_text().splitlines() == [
@@ -124,7 +133,7 @@ def test_a_run_log_starts_anew_or_appends_with_the_columns_it_was_started_with(t
     with progress.RunLog(str(tmp_path), resume=False) as log:  # a new run (rundir refuses a used folder first)
         log.row({"frames": 1})
     assert (tmp_path / "log.csv").read_text().splitlines()[0] == ",".join(progress.CSV_COLUMNS)
-    assert (tmp_path / "episodes.csv").read_text().splitlines() == ["frames,return"]
+    assert (tmp_path / "episodes.csv").read_text().splitlines() == ["frames,return,steps"]
 
 
 def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():

@@ -83,6 +83,7 @@ def test_update_changes_and_publishes_weights_and_counts_episodes(ring):
             assert torch.equal(a, b)
         s = learner.statistics()
         assert (s.steps, s.frames, s.episodes, s.mean_return) == (1, B * T, B, 7.0)
+        assert learner.new_episodes == [(7.0, 3)] * B  # each finished episode's return and length, for episodes.csv
         assert ring.statistics().size == 0  # the batch's slots went back
     finally:
         store.close()

@@ -46,8 +46,9 @@ CSV_COLUMNS = [
     "inference_share",
     "learner_ms",
 ]
-EPISODE_COLUMNS = ["frames", "return"]
-"""episodes.csv: every finished episode's true return, at the learner's frame count"""
+EPISODE_COLUMNS = ["frames", "return", "steps"]
+"""episodes.csv: every finished episode's true return and length in agent steps (frame skip not
+counted), at the learner's frame count"""
 
 SCORE_RANGES = {"Pong": (-21, 21), "Boxing": (-100, 100), "Tennis": (-24, 24), "CartPole": (0, 500)}
 """games whose score range is known: the curve's y axis spans it, so noise looks like noise"""
@@ -179,8 +180,8 @@ def bound(queue_fill: float, wait_fraction: float) -> str:
 
 class RunLog:
     """A run's ``log.csv`` (a progress row per ``--log-interval``) and ``episodes.csv``
-    (frames and true return of each finished episode), both flushed after every row.
-    A resumed run appends to them, the log keeping the columns it was started with."""
+    (frames, true return and length of each finished episode), both flushed after every row.
+    A resumed run appends to them, each keeping the columns it was started with."""
 
     def __init__(self, out: str, resume: bool) -> None:
         self.path = os.path.join(out, "log.csv")
@@ -191,12 +192,14 @@ class RunLog:
         self._episodes_file = open(self.episodes_path, mode, newline="")
         self._log = csv.DictWriter(self._log_file, CSV_COLUMNS if new else csv_header(self.path), extrasaction="ignore")
         self._episodes = csv.writer(self._episodes_file)
+        self._episode_fields = len(EPISODE_COLUMNS if new else csv_header(self.episodes_path, EPISODE_COLUMNS))
         if new:
             self._log.writeheader()
             self._episodes.writerow(EPISODE_COLUMNS)
 
-    def episodes(self, frames: int, returns: list[float]) -> None:
-        self._episodes.writerows((frames, r) for r in returns)
+    def episodes(self, frames: int, episodes: list[tuple[float, int]]) -> None:
+        """Finished episodes, each (true return, agent steps), at the learner's ``frames``."""
+        self._episodes.writerows((frames, *episode)[: self._episode_fields] for episode in episodes)
 
     def row(self, row: dict) -> None:
         self._log.writerow(row)
@@ -214,10 +217,10 @@ class RunLog:
         self.close()
 
 
-def csv_header(path: str) -> list[str]:
+def csv_header(path: str, default: list[str] = CSV_COLUMNS) -> list[str]:
     """The columns of an existing CSV file (a log written by an older version keeps its own)."""
     with open(path, newline="") as f:
-        return next(csv.reader(f), CSV_COLUMNS)
+        return next(csv.reader(f), default)
 
 
 def last_seconds(log_path: str) -> float:

@@ -494,8 +494,8 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) ->
                 learner.step(timeout=1.0)
             except Timeout:
                 pass
-            log.episodes(learner.frames, learner.new_returns)
-            learner.new_returns.clear()
+            log.episodes(learner.frames, learner.new_episodes)
+            learner.new_episodes.clear()
             now = time.monotonic()
             if now - last["t"] >= job.log_interval or learner.frames >= job.total_frames:
                 row = progress(learner, trajectories, last, now, seconds_before + now - start, actor_totals())
