@@ -17,10 +17,12 @@ and moolib do.
 
 ``algo="appo"`` reuses each batch (``learners.loss``'s APPO): one forward pass without
 gradient gives V-trace's targets and the proximal log-probabilities and values, then
-``epochs`` passes over the batch, each in ``minibatches`` minibatches of whole unrolls
-(so that an LSTM core still starts each one from its stored state), one optimiser step
-per minibatch. A batch is still one update of the policy version the actors see, and
-one step of the learning-rate schedule.
+``epochs`` passes over the batch, each in ``minibatches`` minibatches, one optimiser step
+per minibatch. With ``shuffle="unrolls"`` a minibatch is whole unrolls (so that an LSTM core
+still starts each one from its stored state); with ``shuffle="steps"`` (feed-forward models)
+it is single steps drawn from across the batch, as PPO and Sample Factory draw them, so that
+no minibatch is a few correlated stretches of a few episodes. A batch is still one update of
+the policy version the actors see, and one step of the learning-rate schedule.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ class LearnerConfig:
     epochs: int = 1
     """appo: passes over each batch"""
     minibatches: int = 1
-    """appo: minibatches each pass splits the batch into, by whole unrolls (batch_size must be a multiple)"""
+    """appo: minibatches each pass splits the batch into (unrolls: batch_size must be a multiple; steps: its steps)"""
+    shuffle: Literal["unrolls", "steps"] = "unrolls"
+    """appo: a minibatch is whole unrolls, or single steps from across the batch (feed-forward models only)"""
     clip: float = 0.1
     """appo: PPO's epsilon, how far a batch's steps may move the probability of an action"""
     value_clip: float | None = None
@@ -127,7 +131,9 @@ class LearnerConfig:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
-        if self.batch_size % self.minibatches:
+        if self.shuffle not in ("unrolls", "steps"):
+            raise ValueError(f"shuffle must be 'unrolls' or 'steps', got {self.shuffle!r}")
+        if self.shuffle == "unrolls" and self.batch_size % self.minibatches:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of minibatches ({self.minibatches}): "
                 "a minibatch is a whole number of unrolls"
@@ -182,6 +188,7 @@ class Learner:
     ):
         config.check()
         self.core_state_fields = core_state_fields(ring.spec) if model.use_lstm else []
+        self._states = set(core_state_fields(ring.spec))  # not time-major: [layers, B, hidden]
         if model.use_lstm:
             expected = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]  # [layers, hidden] per tensor
             got = [tuple(ring.spec[f][1]) for f in self.core_state_fields]
@@ -201,6 +208,18 @@ class Learner:
         self.weights = weights
         self.device = torch.device(device)
         self.unroll_length = unroll_length(ring.spec)
+        if config.algo == "appo" and config.shuffle == "steps":
+            if model.use_lstm:
+                raise ValueError(
+                    "shuffle 'steps' makes minibatches of single steps, and an LSTM core needs whole unrolls "
+                    "to start from their stored state: use shuffle 'unrolls' with an LSTM"
+                )
+            if (self.unroll_length * config.batch_size) % config.minibatches:
+                raise ValueError(
+                    f"with shuffle 'steps', a batch's {self.unroll_length * config.batch_size} steps (unroll length "
+                    f"{self.unroll_length} x batch_size {config.batch_size}) must be a multiple of minibatches "
+                    f"({config.minibatches})"
+                )
         cuda = self.device.type == "cuda"
         # fused Adam on a GPU (one kernel for every parameter); foreach elsewhere (fewer, larger ops)
         fast = {"fused": True} if cuda else {"foreach": True}
@@ -321,13 +340,16 @@ class Learner:
         """APPO: V-trace's targets once, then ``epochs`` x ``minibatches`` clipped steps."""
         config = self.config
         targets = self._appo_targets(batch)  # each [T, B]
-        batch_size = batch["done"].shape[1]
-        size = batch_size // config.minibatches
+        if config.shuffle == "steps":  # every step of the batch a column of one row: [1, T*B, ...]
+            batch = {name: v[:-1].reshape(1, -1, *v.shape[2:]) for name, v in batch.items() if name not in self._states}
+            targets = {name: v.reshape(1, -1) for name, v in targets.items()}
+        columns_in_batch = batch["done"].shape[1]
+        size = columns_in_batch // config.minibatches
         clipped = torch.zeros((), device=self.device)
         kl = torch.zeros((), device=self.device)
         loss: ImpalaLoss | None = None
         for _ in range(config.epochs):
-            order = torch.randperm(batch_size, device=self.device)
+            order = torch.randperm(columns_in_batch, device=self.device)
             for k in range(config.minibatches):
                 columns = order[k * size : (k + 1) * size]
                 minibatch = {name: v[:, columns] for name, v in batch.items()}  # every field is [*, B, ...]
@@ -379,11 +401,14 @@ class Learner:
     def _appo_loss(
         self, batch: dict[str, torch.Tensor], targets: dict[str, torch.Tensor]
     ) -> tuple[ImpalaLoss, torch.Tensor]:
-        """One minibatch's APPO loss and its log-ratio to the proximal policy, ``[T, b]``."""
+        """One minibatch's APPO loss and its log-ratio to the proximal policy, ``[T, b]``: the
+        first ``T`` rows of ``batch``, ``T`` being the targets' (whole unrolls carry one row more,
+        the bootstrap row, which only V-trace's targets used)."""
+        rows = targets["vs"].shape[0]
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
-            out = self.forward(batch)  # logits [T+1, b, A], baseline [T+1, b]
-        logits, baseline = out.policy_logits.float()[:-1], out.baseline.float()[:-1]
-        actions = batch["action"][:-1].long()
+            out = self.forward(batch)  # logits [T+1 or T, b, A], baseline [T+1 or T, b]
+        logits, baseline = out.policy_logits.float()[:rows], out.baseline.float()[:rows]
+        actions = batch["action"][:rows].long()
         log_probs = action_log_probs(logits, actions)  # [T, b]
         loss = appo_loss(
             logits,

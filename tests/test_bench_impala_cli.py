@@ -65,6 +65,22 @@ def test_classic_control_gets_its_own_defaults_unless_given():
     assert (pong.model, pong.total_frames, pong.learning_rate, pong.publish_seconds) == ("shallow", 200_000, 6e-4, 0)
 
 
+def test_appo_minibatches_of_steps_are_an_option_checked_before_launch(capsys):
+    job = train.resolve(
+        train.parse_args(["--algo", "appo", "--shuffle", "steps", "--batch-size", "6", "--minibatches", "4"])
+    )
+    assert (job.learner.shuffle, job.learner.minibatches) == ("steps", 4)  # 6 x 20 steps: any divisor of 120
+    assert train.resolve(train.parse_args(["--algo", "appo"])).learner.shuffle == "unrolls"
+    for argv, message in (
+        (["--shuffle", "steps", "--batch-size", "6", "--minibatches", "7"], "a batch's 120 steps"),
+        (["--shuffle", "steps", "--use-lstm"], "an LSTM core needs whole unrolls"),
+        (["--shuffle", "frames"], "invalid choice: 'frames'"),
+    ):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--algo", "appo", *argv])
+        assert message in capsys.readouterr().err
+
+
 def test_peers_take_a_backend_and_env_urls(monkeypatch):
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
     args = train.parse_args(["--peers", "127.0.0.1:5555", "--backend", "gloo"])

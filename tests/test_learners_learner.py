@@ -2,7 +2,8 @@
 episodes are counted once, the learning rate decays, and a checkpoint resumes
 with identical optimiser state (the same next update, bit for bit); with algo="appo",
 epochs x minibatches optimiser steps per batch but one policy version and one
-learning-rate step, an LSTM's minibatches made of whole unrolls, bad settings named."""
+learning-rate step, an LSTM's minibatches made of whole unrolls, minibatches of single steps
+the same update as of unrolls over a whole batch, bad settings named."""
 
 from __future__ import annotations
 
@@ -229,6 +230,47 @@ def test_appo_with_an_lstm_keeps_whole_unrolls(shm_leak_check):
         ring.close()
 
 
+def test_appo_minibatches_of_steps_over_the_whole_batch_step_as_unrolls_do(ring):
+    """One minibatch of every step is the batch in another order: the same update. A step whose
+    observation, action or target came from another row would change it."""
+    after = {}
+    for shuffle in ("unrolls", "steps"):
+        learner = _learner(ring, algo="appo", epochs=2, minibatches=1, shuffle=shuffle)
+        _fill(ring, B, 0)
+        learner.step(timeout=5)
+        after[shuffle] = [p.detach().clone() for p in learner.model.parameters()]
+    for a, b in zip(after["unrolls"], after["steps"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_appo_minibatches_of_steps_take_epochs_times_minibatches_steps(ring):
+    learner = _learner(ring, algo="appo", epochs=2, minibatches=5, shuffle="steps")  # 20 steps: 4 per minibatch
+    counting = _CountingAdam(learner.model.parameters(), lr=1e-3)
+    learner.optimizer = counting
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(counting, lambda step: 1.0)
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    _fill(ring, B, 0)
+    assert torch.isfinite(learner.step(timeout=5).total)
+    assert counting.calls == 2 * 5 and learner.statistics().steps == 1
+    assert all(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+
+
+def test_appo_minibatches_of_steps_are_refused_where_they_cannot_be_made(ring, shm_leak_check):
+    with pytest.raises(ValueError, match=r"a batch's 20 steps \(unroll length 5 x batch_size 4\) must be a multiple"):
+        _learner(ring, algo="appo", minibatches=3, shuffle="steps")
+    model = make_model("mlp", OBS, A, use_lstm=True)
+    shapes = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]
+    spec = trajectory_spec(
+        EnvSpec("Test-v0", OBS, np.dtype(np.float32), (), np.dtype(np.int64), A), T, core_state_shapes=shapes
+    )
+    lstm_ring = TypedRing.create(spec, capacity=4 * B)
+    try:
+        with pytest.raises(ValueError, match="an LSTM core needs whole unrolls"):
+            Learner(model, lstm_ring, LearnerConfig(batch_size=B, algo="appo", shuffle="steps"))
+    finally:
+        lstm_ring.close()
+
+
 @pytest.mark.parametrize(
     "kw, error, match",
     [
@@ -239,6 +281,7 @@ def test_appo_with_an_lstm_keeps_whole_unrolls(shm_leak_check):
         (dict(epochs=2), ValueError, "epochs and minibatches are APPO's"),
         (dict(algo="appo", clip=-0.1), ValueError, "clip must be >= 0, got -0.1"),
         (dict(algo="appo", vtrace_lambda=1.5), ValueError, r"vtrace_lambda must be in \[0, 1\], got 1.5"),
+        (dict(algo="appo", shuffle="frames"), ValueError, "shuffle must be 'unrolls' or 'steps', got 'frames'"),
     ],
 )
 def test_bad_appo_settings_are_named(kw, error, match):

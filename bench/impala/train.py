@@ -103,7 +103,9 @@ class Args:
     epochs: int = 0
     """appo: passes over each batch (0: from the plan)"""
     minibatches: int = 2
-    """appo: minibatches per pass, whole unrolls each (--batch-size must be a multiple)"""
+    """appo: minibatches per pass (with --shuffle unrolls, --batch-size must be a multiple)"""
+    shuffle: str = "unrolls"
+    """appo: a minibatch is whole unrolls, or single steps drawn from across the batch as PPO does (feed-forward models only)"""
     clip: float = 0.1
     """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
     value_clip: float = 0.0
@@ -199,7 +201,17 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
     if args.vtrace_lambda > 1:
         parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
-    if args.algo == "appo" and args.batch_size % args.minibatches:
+    if args.algo == "appo" and args.shuffle == "steps":
+        if args.use_lstm:
+            parser.error(
+                "--shuffle steps makes minibatches of single steps; an LSTM core needs whole unrolls: use --shuffle unrolls"
+            )
+        if (args.unroll_length * args.batch_size) % args.minibatches:
+            parser.error(
+                f"--shuffle steps: a batch's {args.unroll_length * args.batch_size} steps (--unroll-length "
+                f"{args.unroll_length} x --batch-size {args.batch_size}) must be a multiple of --minibatches ({args.minibatches})"
+            )
+    elif args.algo == "appo" and args.batch_size % args.minibatches:
         parser.error(
             f"--batch-size ({args.batch_size}) must be a multiple of --minibatches ({args.minibatches}): "
             "a minibatch is a whole number of unrolls"
@@ -315,6 +327,7 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         algo=args.algo,
         epochs=plan.epochs,
         minibatches=args.minibatches if args.algo == "appo" else 1,
+        shuffle=args.shuffle,
         clip=args.clip,
         value_clip=args.value_clip or None,
         vtrace_lambda=args.vtrace_lambda,

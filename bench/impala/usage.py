@@ -36,6 +36,7 @@ HELP_GROUPS = {
         "algo",
         "epochs",
         "minibatches",
+        "shuffle",
         "clip",
         "value_clip",
         "vtrace_lambda",
@@ -66,6 +67,7 @@ CHOICES = {
     "init": ("torch", "orthogonal"),
     "optimizer": ("adam", "rmsprop"),
     "algo": ("impala", "appo"),
+    "shuffle": ("unrolls", "steps"),
     "reduction": ("mean", "sum"),
     "device": ("cpu", "cuda"),
     "compile": ("auto", "on", "off"),
@@ -86,7 +88,11 @@ EXAMPLES = """examples:
 
 def summary(args: Any, plan: Plan) -> str:
     core = ("+lstm" if args.use_lstm else "") + ("+last action and reward" if args.last_action_reward else "")
-    algo = "IMPALA" if args.algo == "impala" else f"APPO ({plan.epochs} epochs x {args.minibatches} minibatches)"
+    algo = (
+        "IMPALA"
+        if args.algo == "impala"
+        else f"APPO ({plan.epochs} epochs x {args.minibatches} minibatches of {args.shuffle})"
+    )
     return (
         f"{algo} on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
         f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})\n"
