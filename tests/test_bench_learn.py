@@ -1,12 +1,18 @@
 """bench.learn's mechanics (not learning speed): its options are checked before any run,
 a run's episodes give the frames and seconds at which each windowed mean return was first
-reached, the summary's medians and worst count a seed that missed as never, and a real run
-is stopped once its targets are reached, leaving its summary and no process behind."""
+reached, the summary's medians and worst count a seed that missed as never, a real run
+is stopped once its targets are reached, leaving its summary and no process behind, and
+one killed with SIGTERM stops its runs as Ctrl+C does, each keeping its checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -142,3 +148,31 @@ def test_overlay_tabulates_each_run_at_the_marks_and_the_median_over_runs(tmp_pa
         assert (
             f"--marks must be frame counts (2M, 500K, 5e6) separated by commas, got {bad!r}" in capsys.readouterr().err
         )
+
+
+def test_sigterm_stops_the_runs_as_ctrl_c_does(tmp_path, shm_leak_check):
+    """A run leads a session of its own: killed outright, bench.learn would leave it running."""
+    out = tmp_path / "learn"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = ["--env", "CartPole-v1", "--targets", "1000", "--frames", "100_000_000", "--seeds", "1", "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.learn", *argv, "--", "--log-interval", "1"], cwd=root)
+    run = None
+    try:
+        deadline = time.monotonic() + 300  # a hang guard: the run logs its first row within seconds
+        while not (out / "seed-0" / "log.csv").exists() or (out / "seed-0" / "log.csv").read_text().count("\n") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never logged a row"
+            time.sleep(0.2)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            (run,) = [int(pid) for pid in f.read().split()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = _session_members(run) if run is not None else []
+        for pid in left:  # ended here whatever happened, then reported
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [], "the run outlived bench.learn"
+    assert (out / "seed-0" / "checkpoint.pt").exists()  # stopped as Ctrl+C stops it, not killed

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common.evidence import saving
+from bench.common.jobs import exit_on_sigterm
 from shmpad.launch.process import die_with_parent, fork
 
 __all__ = [
@@ -97,10 +98,7 @@ def run_main(main: Callable[[], int], name: str) -> None:
     through the measurement's ``finally`` (which kills its children): exit 128 + the
     signal, and 130 with a line saying so."""
 
-    def exit_on_sigterm(signum, frame) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    exit_on_sigterm()
     try:
         with saving(sys.argv[1:], name):
             sys.exit(main())

@@ -35,7 +35,7 @@ import tempfile
 import time
 
 from bench.common.evidence import add_save_option, saving
-from bench.common.jobs import start_job
+from bench.common.jobs import exit_on_sigterm, start_job
 from bench.impala import train
 
 __all__ = ["main", "steady", "parse_args"]
@@ -253,5 +253,6 @@ def _print(args: argparse.Namespace, report: dict) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # a kill unwinds through run_one's finally, which stops the run
     with saving(sys.argv[1:], "bench.impala.compare"):
         sys.exit(main())

@@ -35,11 +35,12 @@ import platform
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.common.jobs import start_job
+from bench.common.jobs import exit_on_sigterm, start_job
 from bench.impala import rundir, train
 from bench.impala.compare import STOP_GRACE_S, _await_session_end
 
@@ -341,8 +342,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{t}: {v['frames']:,} frames, {v['seconds']:,} s" for t, v in result["reached"].items()
                 )
                 print(f"seed {run.seed}: {result['frames']:,} frames; reached {reached or 'no target'}", flush=True)
-    finally:
+    finally:  # interrupted (Ctrl+C, SIGTERM): the runs left stop as Ctrl+C stops them, keeping a checkpoint
         for run in running:
+            if run.stopped_at is None:
+                run.stop()
+        for run in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.proc.wait(max(0.0, STOP_GRACE_S - (time.monotonic() - run.stopped_at)))
             run.kill()
             _await_session_end(run.proc.pid)
     results.sort(key=lambda r: r["seed"])
@@ -367,4 +373,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # a kill unwinds through main's finally, which stops the runs
     sys.exit(main())

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 from bench.common.cli import parser_for
-from bench.common.jobs import start_job
+from bench.common.jobs import exit_on_sigterm, start_job
 from bench.soak.tree import Sample, Tree
 
 DEFAULT_JOB = f"{sys.executable} -m bench.impala --total-frames 1000000000000"
@@ -150,4 +150,5 @@ def _stop(job: subprocess.Popen) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # a kill unwinds through main's finally, which stops the job
     sys.exit(main())
