@@ -188,6 +188,11 @@ def test_the_progress_row_says_where_the_time_goes_from_the_actors_counters():
     quiet = progress.progress(learner(8, 1.0), ring, last, now=4.0, seconds=4.0, actors=second)
     assert [quiet[k] for k in ("env_busy", "inference_ms", "inference_share", "learner_ms")] == [""] * 4
     assert "|" not in progress.progress_line(quiet)  # nothing measured: no breakdown
+    assert [quiet[k] for k in ("entropy", "clip_fraction", "approx_kl")] == [""] * 3  # no update yet
+    appo = learner(9, 1.0)
+    appo.statistics().last_loss.update(total=0.5, entropy=-1.25, clip_fraction=0.125, approx_kl=0.0075)
+    row = progress.progress(appo, ring, last, now=5.0, seconds=5.0, actors=second)
+    assert [row[k] for k in ("loss", "entropy", "clip_fraction", "approx_kl")] == [0.5, 1.25, 0.125, 0.0075]
 
 
 def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp_path):

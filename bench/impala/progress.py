@@ -45,6 +45,9 @@ CSV_COLUMNS = [
     "inference_ms",
     "inference_share",
     "learner_ms",
+    "entropy",
+    "clip_fraction",
+    "approx_kl",
 ]
 EPISODE_COLUMNS = ["frames", "return", "steps"]
 """episodes.csv: every finished episode's true return and length in agent steps (frame skip not
@@ -92,6 +95,11 @@ def _actor_deltas(actors: dict[str, dict[str, float]], before: dict[str, dict[st
     return out
 
 
+def _term(loss: dict, name: str, sign: float = 1.0) -> float | str:
+    value = loss.get(name)
+    return "" if value is None or math.isnan(value) else round(sign * value, 5)
+
+
 def _share(part: float, whole: float, digits: int = 3) -> Any:
     return round(part / whole, digits) if whole > 0 else ""
 
@@ -123,6 +131,11 @@ def progress(learner: Any, trajectories, last: dict, now: float, seconds: float,
         "inference_ms": round(1e3 * d["inf_s"] / d["batches"], 2) if d["batches"] else "",
         "inference_share": _share(d["inf_s"], d["inf_wait_s"] + d["inf_s"] + d["rollout_s"]),
         "learner_ms": round(1e3 * max(dt - waited, 0.0) / steps, 1) if steps else "",
+        # the last update's: the policy's entropy (per step with --reduction mean, summed with sum),
+        # and APPO's share of clipped ratios and KL estimate to the proximal policy, over its steps
+        "entropy": _term(s.last_loss, "entropy", -1),
+        "clip_fraction": _term(s.last_loss, "clip_fraction"),
+        "approx_kl": _term(s.last_loss, "approx_kl"),
     }
     last.update(
         actors=actors or {},
