@@ -36,7 +36,7 @@ import time
 
 from bench.common.evidence import add_save_option, saving
 from bench.common.jobs import exit_on_sigterm, start_job
-from bench.impala import train
+from bench.impala import rundir, train
 
 __all__ = ["main", "steady", "parse_args"]
 
@@ -145,9 +145,9 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
         with open(log.name) as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}:\n{tail}")
-    if not os.path.exists(os.path.join(out, "log.csv")):
+    if not os.path.exists(os.path.join(out, rundir.LOG)):
         raise RuntimeError(f"{shlex.join(cmd)} wrote no log.csv (give it more --seconds); see {log.name}")
-    with open(os.path.join(out, "log.csv")) as f:
+    with open(os.path.join(out, rundir.LOG)) as f:
         return {**steady(list(csv.DictReader(f))), "pid": proc.pid}
 
 

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import shmpad as lp
+from bench.impala import rundir
 
 __all__ = [
     "ACTOR_COUNTERS",
@@ -197,8 +198,8 @@ class RunLog:
     A resumed run appends to them, each keeping the columns it was started with."""
 
     def __init__(self, out: str, resume: bool) -> None:
-        self.path = os.path.join(out, "log.csv")
-        self.episodes_path = os.path.join(out, "episodes.csv")
+        self.path = os.path.join(out, rundir.LOG)
+        self.episodes_path = os.path.join(out, rundir.EPISODES)
         new = not (resume and os.path.exists(self.path))
         mode = "w" if new else "a"
         self._log_file = open(self.path, mode, newline="")

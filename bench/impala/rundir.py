@@ -18,13 +18,16 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "CHECKPOINT",
     "CONFIG",
+    "EPISODES",
+    "LOG",
     "RunDirError",
     "check",
     "check_checkpoint",
@@ -39,6 +42,7 @@ __all__ = [
 CONFIG = "config.json"
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.csv"
+EPISODES = "episodes.csv"
 RUNS = "runs"
 
 
@@ -127,6 +131,8 @@ def check_checkpoint(out: str, model: torch.nn.Module, settings: str) -> int:
     parameters (``settings``: the options that built ``model``, for the message)."""
     path = os.path.join(out, CHECKPOINT)
     try:
+        import torch  # here: reading a run's files needs no torch
+
         state = torch.load(path, map_location="cpu", weights_only=False)
         theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
         frames = int(state["frames"])
@@ -145,6 +151,8 @@ def check_checkpoint(out: str, model: torch.nn.Module, settings: str) -> int:
 def checkpoint_frames(out: str) -> int | None:
     """The frames of ``out``'s checkpoint; None without one."""
     try:
+        import torch
+
         return int(torch.load(os.path.join(out, CHECKPOINT), map_location="cpu", weights_only=False)["frames"])
     except Exception:  # no checkpoint, or one cut short by a kill
         return None

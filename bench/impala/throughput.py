@@ -52,7 +52,7 @@ from typing import Any
 import shmpad as lp
 from bench.common.evidence import SAVE_HELP, add_save_option, saving
 from bench.common.harness import in_own_tree
-from bench.impala import train, usage
+from bench.impala import rundir, train, usage
 from bench.impala.learner_cost import LEARNER_SECONDS, LEARNER_SUBJECTS
 from shmpad.shm import janitor
 
@@ -193,7 +193,7 @@ def _pipeline(job: train.Job) -> dict:
         except BaseException:
             sys.stderr.write(_tail(log_path))
             raise
-        with open(os.path.join(out, "log.csv")) as f:
+        with open(os.path.join(out, rundir.LOG)) as f:
             rows = list(csv.DictReader(f))
     return _summarise(messages, rows)
 

@@ -481,7 +481,7 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) ->
     seconds_before = 0.0
     if job.resume and os.path.exists(checkpoint):
         learner.load(checkpoint)
-        seconds_before = last_seconds(os.path.join(job.out, "log.csv"))
+        seconds_before = last_seconds(os.path.join(job.out, rundir.LOG))
     group = job.group
     if group is not None:
         token = load_token(token_file=group.token_file or None)

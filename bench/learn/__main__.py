@@ -182,7 +182,7 @@ class Run:
     def poll(self, keep_going: bool, seconds: float) -> bool:
         """Read its progress; stop it when done (or past ``seconds``). True once it has exited."""
         elapsed = time.monotonic() - self.start
-        self.progress.read(os.path.join(self.folder, "episodes.csv"), elapsed)
+        self.progress.read(os.path.join(self.folder, rundir.EPISODES), elapsed)
         if self.stopped_at is None and ((self.progress.done and not keep_going) or (seconds and elapsed >= seconds)):
             self.stop()
         if (
@@ -208,7 +208,7 @@ class Run:
         """After it exited: its nodes gone, its last episodes read, its result."""
         _await_session_end(self.proc.pid)
         self._log.close()
-        self.progress.read(os.path.join(self.folder, "episodes.csv"), time.monotonic() - self.start)
+        self.progress.read(os.path.join(self.folder, rundir.EPISODES), time.monotonic() - self.start)
         with open(self.log_path) as f:
             head = f.read(4000).splitlines()
         if self.proc.returncode not in (0, 130) and self.stopped_at is None:

@@ -28,6 +28,8 @@ import os
 import statistics
 import sys
 
+from bench.impala import rundir
+
 __all__ = ["at_mark", "first_reached", "main", "parse_frames", "read_curve"]
 
 _SUFFIX = {"K": 1_000, "M": 1_000_000}
@@ -35,7 +37,7 @@ _SUFFIX = {"K": 1_000, "M": 1_000_000}
 
 def read_curve(folder: str) -> list[tuple[int, float]]:
     """(frames, mean return) of a run's ``log.csv`` rows that have a mean return."""
-    path = os.path.join(folder, "log.csv")
+    path = os.path.join(folder, rundir.LOG)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{folder}: no log.csv (give the folder of a python -m bench.impala run)")
     with open(path) as f:
