@@ -55,6 +55,25 @@ def test_progress_records_the_first_episode_whose_window_reaches_each_target(tmp
     assert progress.frames == 500 and progress.curve[-1] == (500, 5.75)  # the line "500,9", whole at last
 
 
+def test_progress_reads_the_run_log_s_own_files_episode_by_episode(tmp_path):
+    """episodes.csv as the job writes it (csv rows end in \\r\\n), read while it grows: every episode
+    once. A reader that counted the text it got instead of the file's bytes fell behind by a byte
+    a line and took the tails of old lines for new episodes (frames 720 out of "28672,-21.0")."""
+    from bench.impala.progress import RunLog
+
+    progress = Progress([100.0], window=3)
+    episodes = [(-21.0 + (i % 5), 760 + i) for i in range(48)]
+    with RunLog(str(tmp_path), resume=False) as log:
+        for i in range(0, 48, 16):  # a progress row with its episodes, then a read or two
+            log.episodes(28672 * (i + 1), episodes[i : i + 16])
+            log.row({"frames": 28672 * (i + 1)})
+            progress.read(str(tmp_path / "episodes.csv"), seconds=float(i))
+            progress.read(str(tmp_path / "episodes.csv"), seconds=float(i))
+    assert len(progress.curve) == 48 - 2  # one point per episode once the window of 3 is full
+    assert [f for f, _ in progress.curve] == sorted(f for f, _ in progress.curve) and progress.frames == 28672 * 33
+    assert list(progress.returns) == [r for r, _ in episodes[-3:]]
+
+
 def test_summary_counts_a_seed_that_missed_as_never():
     runs = [
         {"reached": {"18": {"frames": 4_000_000, "seconds": 80.0}}},
@@ -82,6 +101,33 @@ def test_a_run_stops_once_its_targets_are_reached(tmp_path, capsys, shm_leak_che
     assert "| 10 | 1/1 |" in (out / "summary.md").read_text()
     assert capsys.readouterr().out.splitlines()[-1].startswith("summary: ")
     assert _session_members(run["pid"]) == [], "the run's processes outlived it"
+
+
+@pytest.mark.slow
+def test_resume_continues_each_run_and_keeps_what_it_had_reached(tmp_path, capsys, shm_leak_check):
+    out = tmp_path / "learn"
+    argv = ["--env", "CartPole-v1", "--targets", "5,1000", "--window", "5", "--seeds", "1", "--out", str(out)]
+    job = ["--", "--log-interval", "1"]
+    assert main([*argv, "--frames", "20_000", *job]) == 0  # to its budget: 1000 is never reached
+    first = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert first["frames"] >= 20_000 and set(first["reached"]) == {"5"}
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--frames", "40_000", *job])  # the folder is taken
+    assert "(--resume continues its runs)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--seeds", "2", "--frames", "40_000", "--resume", *job])
+    assert f"--resume: {out / 'seed-1'} holds no checkpoint to continue" in capsys.readouterr().err
+    assert main([*argv, "--frames", "40_000", "--resume", *job]) == 0
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert run["frames"] >= 40_000
+    assert run["reached"]["5"] == first["reached"]["5"] or (  # reached before the resume: kept, at its logged time
+        run["reached"]["5"]["frames"] == first["reached"]["5"]["frames"]
+        and run["reached"]["5"]["seconds"] <= first["seconds"]
+    )
+    assert run["seconds"] > first["seconds"]  # the second stretch goes on from the first
+    log = (out / "seed-0.log").read_text()
+    assert "resuming" in log and log.count("IMPALA on CartPole-v1") == 2  # both stretches' output, appended
+    assert _session_members(run["pid"]) == []
 
 
 def test_overlay_reads_runs_and_names_the_first_frames_at_each_target(tmp_path, capsys):

@@ -17,6 +17,12 @@ plan sizes itself from the CPUs it may use): frames to a score do not depend on 
 speed, so seeds can share a box; their seconds then do, and only a run alone on the machine
 gives the wall-clock a user would see.
 
+``--resume`` continues every seed's run in ``OUT`` from its checkpoint (``bench.impala
+--resume``; give the same flags, and a larger ``--frames`` once a run has used its budget), so
+a long curve can be run in stretches. Its episodes before the resume keep the seconds its
+``log.csv`` gave them; the seconds after go on from the log's last row (the wall-clock between
+two stretches is not counted). ``--seconds`` bounds each stretch.
+
 ``OUT`` gets ``summary.json`` (every seed's frames and seconds per target, the medians and the
 worst, the machine, each run's plan line), ``summary.md`` (the same as a table) and
 ``curves.png`` (each seed's mean return against frames, with the targets), beside each
@@ -26,8 +32,10 @@ run's own folder and its output, ``seed-S.log``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import contextlib
+import csv
 import json
 import math
 import os
@@ -38,11 +46,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.common.jobs import exit_on_sigterm, start_job
 from bench.impala import rundir, train
 from bench.impala.compare import STOP_GRACE_S, _await_session_end
+from bench.impala.progress import last_seconds
 
 __all__ = ["Progress", "main", "parse_args", "summarize"]
 
@@ -73,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--seconds", type=float, default=0.0, help="stop a run after this many seconds (0: never) [0]")
     parser.add_argument("--keep-going", action="store_true", help="run to the frame budget after the last target")
     parser.add_argument("--out", default="", help="folder for the runs and the summary [runs/learn-<env>-<time>]")
+    parser.add_argument("--resume", action="store_true", help="continue each seed's run in --out from its checkpoint")
     args = parser.parse_args(own)
     try:
         args.targets = [float(t) for t in args.targets.split(",")]
@@ -90,8 +101,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     taken = [w for w in job if w.split("=")[0] in ("--seed", "--total-frames", "--out", "--env", "--resume")]
     if taken:
         parser.error(f"{', '.join(taken)}: bench.learn sets it for every run (use its own options)")
-    if args.out and os.path.exists(args.out) and os.listdir(args.out):
-        parser.error(f"--out {args.out}: the folder is not empty")
+    if args.resume:
+        if not args.out:
+            parser.error("--resume needs --out: the folder of the runs to continue")
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            folder = os.path.join(args.out, f"seed-{seed}")
+            if not os.path.exists(os.path.join(folder, rundir.CHECKPOINT)):
+                parser.error(f"--resume: {folder} holds no checkpoint to continue")
+    elif args.out and os.path.exists(args.out) and os.listdir(args.out):
+        parser.error(f"--out {args.out}: the folder is not empty (--resume continues its runs)")
     try:
         train.parse_args([*_job_flags(args, job, 0), "--out", os.devnull])
     except SystemExit:
@@ -124,10 +142,11 @@ class Progress:
     def __post_init__(self) -> None:
         self.returns = collections.deque(maxlen=self.window)
 
-    def read(self, path: str, seconds: float) -> None:
-        """Take the episodes written to ``path`` since the last call (whole lines only)."""
+    def read(self, path: str, seconds: float | Callable[[int], float]) -> None:
+        """Take the episodes written to ``path`` since the last call (whole lines only), each
+        at ``seconds`` (or ``seconds(frames)``: an episode's own, for episodes logged earlier)."""
         try:
-            with open(path) as f:
+            with open(path, newline="") as f:  # untranslated: the offset counts the file's own bytes ("\r\n")
                 f.seek(self._offset)
                 text = f.read()
         except FileNotFoundError:
@@ -135,7 +154,7 @@ class Progress:
         end = text.rfind("\n") + 1
         self._offset += len(text[:end].encode())
         for line in text[:end].splitlines():
-            self.add(line, seconds)
+            self.add(line, seconds(_frames(line)) if callable(seconds) else seconds)
 
     def add(self, line: str, seconds: float) -> None:
         parts = line.split(",")
@@ -158,6 +177,27 @@ class Progress:
         return len(self.reached) == len(self.targets)
 
 
+def _frames(line: str) -> int:
+    try:
+        return int(line.split(",", 1)[0])
+    except ValueError:
+        return 0  # the header
+
+
+def logged_seconds(log_path: str) -> Callable[[int], float]:
+    """A run's seconds at a frame count, from its ``log.csv``: those of the first row at or past
+    it (an episode is written with the row that follows it), else those of the last row."""
+    with open(log_path, newline="") as f:
+        rows = [(int(r["frames"]), float(r["seconds"])) for r in csv.DictReader(f) if r.get("seconds")]
+    frames = [f for f, _ in rows]
+
+    def at(n: int) -> float:
+        i = bisect.bisect_left(frames, n)
+        return rows[min(i, len(rows) - 1)][1] if rows else 0.0
+
+    return at
+
+
 def _cpu_groups(parallel: int) -> list[list[int]]:
     cpus = sorted(os.sched_getaffinity(0))
     size = len(cpus) // parallel
@@ -175,14 +215,21 @@ class Run:
         self.cmd = [sys.executable, "-m", "bench.impala", *_job_flags(args, job, seed), "--out", self.folder]
         self.progress = Progress(args.targets, args.window)
         self.stopped_at: float | None = None
-        self._log = open(self.log_path, "w")
+        self.before = 0.0
+        """a resumed run's seconds before this stretch: its log's last row"""
+        if args.resume:
+            self.cmd.append("--resume")
+            log = os.path.join(self.folder, rundir.LOG)
+            self.before = last_seconds(log)
+            self.progress.read(os.path.join(self.folder, rundir.EPISODES), logged_seconds(log))
+        self._log = open(self.log_path, "a" if args.resume else "w")
         self.start = time.monotonic()
         self.proc = start_job(self.cmd, stdout=self._log, cpus=cpus)  # SIGINT at its default: stop() reaches it
 
     def poll(self, keep_going: bool, seconds: float) -> bool:
         """Read its progress; stop it when done (or past ``seconds``). True once it has exited."""
         elapsed = time.monotonic() - self.start
-        self.progress.read(os.path.join(self.folder, rundir.EPISODES), elapsed)
+        self.progress.read(os.path.join(self.folder, rundir.EPISODES), self.before + elapsed)
         if self.stopped_at is None and ((self.progress.done and not keep_going) or (seconds and elapsed >= seconds)):
             self.stop()
         if (
@@ -208,7 +255,7 @@ class Run:
         """After it exited: its nodes gone, its last episodes read, its result."""
         _await_session_end(self.proc.pid)
         self._log.close()
-        self.progress.read(os.path.join(self.folder, rundir.EPISODES), time.monotonic() - self.start)
+        self.progress.read(os.path.join(self.folder, rundir.EPISODES), self.before + time.monotonic() - self.start)
         with open(self.log_path) as f:
             head = f.read(4000).splitlines()
         if self.proc.returncode not in (0, 130) and self.stopped_at is None:
@@ -219,7 +266,7 @@ class Run:
             "pid": self.proc.pid,
             "cpus": len(self.cpus),
             "frames": self.progress.frames,
-            "seconds": round(time.monotonic() - self.start, 1),
+            "seconds": round(self.before + time.monotonic() - self.start, 1),
             "reached": {_key(t): {"frames": f, "seconds": s} for t, (f, s) in self.progress.reached.items()},
             "plan": [line for line in head if line.startswith(("IMPALA", "APPO", "plan"))][:2],
             "curve": self.progress.curve[:: max(1, len(self.progress.curve) // 400)],
