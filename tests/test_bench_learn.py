@@ -120,11 +120,8 @@ def test_resume_continues_each_run_and_keeps_what_it_had_reached(tmp_path, capsy
     assert main([*argv, "--frames", "40_000", "--resume", *job]) == 0
     (run,) = json.loads((out / "summary.json").read_text())["runs"]
     assert run["frames"] >= 40_000
-    assert run["reached"]["5"] == first["reached"]["5"] or (  # reached before the resume: kept, at its logged time
-        run["reached"]["5"]["frames"] == first["reached"]["5"]["frames"]
-        and run["reached"]["5"]["seconds"] <= first["seconds"]
-    )
-    assert run["seconds"] > first["seconds"]  # the second stretch goes on from the first
+    assert run["reached"]["5"] == first["reached"]["5"]  # reached in the first stretch: as it measured it
+    assert run["seconds"] > first["seconds"]  # the second stretch's seconds go on from the first's
     log = (out / "seed-0.log").read_text()
     assert "resuming" in log and log.count("IMPALA on CartPole-v1") == 2  # both stretches' output, appended
     assert _session_members(run["pid"]) == []

@@ -19,9 +19,10 @@ gives the wall-clock a user would see.
 
 ``--resume`` continues every seed's run in ``OUT`` from its checkpoint (``bench.impala
 --resume``; give the same flags, and a larger ``--frames`` once a run has used its budget), so
-a long curve can be run in stretches. Its episodes before the resume keep the seconds its
-``log.csv`` gave them; the seconds after go on from the log's last row (the wall-clock between
-two stretches is not counted). ``--seconds`` bounds each stretch.
+a long curve can be run in stretches. A seed's seconds go on from those the last stretch's
+``summary.json`` gave it, and the targets it had reached keep their frames and seconds (without
+that summary, from the run's ``log.csv``: its last row, and each episode's row); the wall-clock
+between two stretches is not counted. ``--seconds`` bounds each stretch.
 
 ``OUT`` gets ``summary.json`` (every seed's frames and seconds per target, the medians and the
 worst, the machine, each run's plan line), ``summary.md`` (the same as a table) and
@@ -198,6 +199,16 @@ def logged_seconds(log_path: str) -> Callable[[int], float]:
     return at
 
 
+def _last_stretch(out: str, seed: int) -> dict | None:
+    """The seed's result in ``out``'s ``summary.json`` (the last stretch's), if there is one."""
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            runs = json.load(f)["runs"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((r for r in runs if r.get("seed") == seed), None)
+
+
 def _cpu_groups(parallel: int) -> list[list[int]]:
     cpus = sorted(os.sched_getaffinity(0))
     size = len(cpus) // parallel
@@ -220,8 +231,13 @@ class Run:
         if args.resume:
             self.cmd.append("--resume")
             log = os.path.join(self.folder, rundir.LOG)
-            self.before = last_seconds(log)
             self.progress.read(os.path.join(self.folder, rundir.EPISODES), logged_seconds(log))
+            last = _last_stretch(args.out, seed)
+            self.before = last["seconds"] if last else last_seconds(log)
+            for target in args.targets:  # as the last stretch measured them
+                if last and _key(target) in last["reached"]:
+                    was = last["reached"][_key(target)]
+                    self.progress.reached[target] = (was["frames"], was["seconds"])
         self._log = open(self.log_path, "a" if args.resume else "w")
         self.start = time.monotonic()
         self.proc = start_job(self.cmd, stdout=self._log, cpus=cpus)  # SIGINT at its default: stop() reaches it
