@@ -213,13 +213,18 @@ def test_appo_first_minibatch_has_ratio_one(ring):
     assert learner.statistics().last_loss["approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
-def test_appo_with_an_lstm_keeps_whole_unrolls(shm_leak_check):
+def _lstm_and_ring():
+    """An LSTM model and a ring whose slots hold its core state."""
     model = make_model("mlp", OBS, A, use_lstm=True)
     shapes = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]
     spec = trajectory_spec(
         EnvSpec("Test-v0", OBS, np.dtype(np.float32), (), np.dtype(np.int64), A), T, core_state_shapes=shapes
     )
-    ring = TypedRing.create(spec, capacity=4 * B)
+    return model, TypedRing.create(spec, capacity=4 * B)
+
+
+def test_appo_with_an_lstm_keeps_whole_unrolls(shm_leak_check):
+    model, ring = _lstm_and_ring()
     try:
         learner = Learner(model, ring, LearnerConfig(batch_size=B, algo="appo", epochs=2, minibatches=2))
         _fill(ring, B, 0)
@@ -258,12 +263,7 @@ def test_appo_minibatches_of_steps_take_epochs_times_minibatches_steps(ring):
 def test_appo_minibatches_of_steps_are_refused_where_they_cannot_be_made(ring, shm_leak_check):
     with pytest.raises(ValueError, match=r"a batch's 20 steps \(unroll length 5 x batch_size 4\) must be a multiple"):
         _learner(ring, algo="appo", minibatches=3, shuffle="steps")
-    model = make_model("mlp", OBS, A, use_lstm=True)
-    shapes = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]
-    spec = trajectory_spec(
-        EnvSpec("Test-v0", OBS, np.dtype(np.float32), (), np.dtype(np.int64), A), T, core_state_shapes=shapes
-    )
-    lstm_ring = TypedRing.create(spec, capacity=4 * B)
+    model, lstm_ring = _lstm_and_ring()
     try:
         with pytest.raises(ValueError, match="an LSTM core needs whole unrolls"):
             Learner(model, lstm_ring, LearnerConfig(batch_size=B, algo="appo", shuffle="steps"))
