@@ -352,7 +352,7 @@ def test_kill_takes_the_whole_subtree():
     parent = portal.Process(_parent, theirs, start=True)
     below = ours_.recv()
     assert all(tree.proc_alive(pid) for pid in below)
-    parent.kill()
+    parent.kill(timeout=HANG_S)  # the grace before SIGKILL is a hang guard: a loaded machine once took over 1 s
     assert parent.exitcode == -signal.SIGTERM
     assert wait_until(lambda: not any(tree.proc_alive(pid) for pid in below), HANG_S)
 
