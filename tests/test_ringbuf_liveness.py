@@ -79,13 +79,20 @@ def test_batch_and_single_consumers_never_stall(batches):
     try:
         for p in procs:
             p.start()
+        for _, w in pipes:
+            w.close()  # the consumers hold the write ends: one that dies gives EOFError below, not a hang
         # a stall (a consumer that never takes the items it waits for) leaves the count short for good
         moved = helpers.wait_until(lambda: count.value >= ITEMS, HANG_S, interval=0.05)
         assert moved, f"{count.value} of {ITEMS} items moved: {ring.statistics()}"
         stop.set()
         procs[0].join(30)
         ring.close()  # the consumers drain what is left, then see Closed
-        seen = sorted(s for r, _ in pipes for s in r.recv())
+        if not all(r.poll(HANG_S) for r, _ in pipes):  # a hang guard, with what the consumers were doing
+            pytest.fail(f"a consumer never reported after the close: alive {[p.is_alive() for p in procs[1:]]}")
+        try:
+            seen = sorted(s for r, _ in pipes for s in r.recv())
+        except EOFError:
+            pytest.fail(f"a consumer ended without its items: exit codes {[p.exitcode for p in procs[1:]]}")
         for p in procs[1:]:
             p.join(30)
         assert produced.value >= ITEMS
