@@ -12,8 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
+import helpers
 import pytest
 
 from bench.impala.compare import _session_members
@@ -201,10 +201,9 @@ def test_sigterm_stops_the_runs_as_ctrl_c_does(tmp_path, shm_leak_check):
     proc = subprocess.Popen([sys.executable, "-m", "bench.learn", *argv, "--", "--log-interval", "1"], cwd=root)
     run = None
     try:
-        deadline = time.monotonic() + 300  # a hang guard: the run logs its first row within seconds
-        while not (out / "seed-0" / "log.csv").exists() or (out / "seed-0" / "log.csv").read_text().count("\n") < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never logged a row"
-            time.sleep(0.2)
+        log = out / "seed-0" / "log.csv"
+        logged = helpers.wait_until(lambda: log.exists() and log.read_text().count("\n") >= 2, 300)  # hang guard
+        assert logged and proc.poll() is None, "the run never logged a row"
         with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
             (run,) = [int(pid) for pid in f.read().split()]
         proc.send_signal(signal.SIGTERM)

@@ -21,8 +21,8 @@ gives the wall-clock a user would see.
 --resume``; give the same flags, and a larger ``--frames`` once a run has used its budget), so
 a long curve can be run in stretches. A seed's seconds go on from those the last stretch's
 ``summary.json`` gave it, and the targets it had reached keep their frames and seconds (without
-that summary, from the run's ``log.csv``: its last row, and each episode's row); the wall-clock
-between two stretches is not counted. ``--seconds`` bounds each stretch.
+that summary, its seconds go on from the run's ``log.csv``, and a target reached before the
+resume counts at them); the wall-clock between two stretches is not counted. ``--seconds`` bounds each stretch.
 
 ``OUT`` gets ``summary.json`` (every seed's frames and seconds per target, the medians and the
 worst, the machine, each run's plan line), ``summary.md`` (the same as a table) and
@@ -33,10 +33,8 @@ run's own folder and its output, ``seed-S.log``.
 from __future__ import annotations
 
 import argparse
-import bisect
 import collections
 import contextlib
-import csv
 import json
 import math
 import os
@@ -47,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.common.jobs import exit_on_sigterm, start_job
@@ -143,9 +140,8 @@ class Progress:
     def __post_init__(self) -> None:
         self.returns = collections.deque(maxlen=self.window)
 
-    def read(self, path: str, seconds: float | Callable[[int], float]) -> None:
-        """Take the episodes written to ``path`` since the last call (whole lines only), each
-        at ``seconds`` (or ``seconds(frames)``: an episode's own, for episodes logged earlier)."""
+    def read(self, path: str, seconds: float) -> None:
+        """Take the episodes written to ``path`` since the last call (whole lines only)."""
         try:
             with open(path, newline="") as f:  # untranslated: the offset counts the file's own bytes ("\r\n")
                 f.seek(self._offset)
@@ -155,7 +151,7 @@ class Progress:
         end = text.rfind("\n") + 1
         self._offset += len(text[:end].encode())
         for line in text[:end].splitlines():
-            self.add(line, seconds(_frames(line)) if callable(seconds) else seconds)
+            self.add(line, seconds)
 
     def add(self, line: str, seconds: float) -> None:
         parts = line.split(",")
@@ -176,27 +172,6 @@ class Progress:
     @property
     def done(self) -> bool:
         return len(self.reached) == len(self.targets)
-
-
-def _frames(line: str) -> int:
-    try:
-        return int(line.split(",", 1)[0])
-    except ValueError:
-        return 0  # the header
-
-
-def logged_seconds(log_path: str) -> Callable[[int], float]:
-    """A run's seconds at a frame count, from its ``log.csv``: those of the first row at or past
-    it (an episode is written with the row that follows it), else those of the last row."""
-    with open(log_path, newline="") as f:
-        rows = [(int(r["frames"]), float(r["seconds"])) for r in csv.DictReader(f) if r.get("seconds")]
-    frames = [f for f, _ in rows]
-
-    def at(n: int) -> float:
-        i = bisect.bisect_left(frames, n)
-        return rows[min(i, len(rows) - 1)][1] if rows else 0.0
-
-    return at
 
 
 def _last_stretch(out: str, seed: int) -> dict | None:
@@ -227,13 +202,12 @@ class Run:
         self.progress = Progress(args.targets, args.window)
         self.stopped_at: float | None = None
         self.before = 0.0
-        """a resumed run's seconds before this stretch: its log's last row"""
+        """a resumed run's seconds before this stretch"""
         if args.resume:
             self.cmd.append("--resume")
-            log = os.path.join(self.folder, rundir.LOG)
-            self.progress.read(os.path.join(self.folder, rundir.EPISODES), logged_seconds(log))
             last = _last_stretch(args.out, seed)
-            self.before = last["seconds"] if last else last_seconds(log)
+            self.before = last["seconds"] if last else last_seconds(os.path.join(self.folder, rundir.LOG))
+            self.progress.read(os.path.join(self.folder, rundir.EPISODES), self.before)
             for target in args.targets:  # as the last stretch measured them
                 if last and _key(target) in last["reached"]:
                     was = last["reached"][_key(target)]
