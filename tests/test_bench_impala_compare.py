@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from helpers import wait_until
@@ -114,6 +116,44 @@ def test_a_run_that_does_not_stop_in_its_grace_is_killed_with_its_whole_session(
     assert got["frames_per_s"] > 0  # the rows it logged before it was killed
     assert _session_members(got["pid"]) == []  # its nodes saw their parent gone and exited
     assert wait_until(lambda: not (set(os.listdir("/dev/shm")) - before), 60), set(os.listdir("/dev/shm")) - before
+
+
+def _writer(log_csv, script: str) -> subprocess.Popen:
+    """A stand-in for a run: a Python process that writes ``log_csv`` as ``script`` says."""
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import time\nf = open({str(log_csv)!r}, 'w', buffering=1)\n{script}"]
+    )
+
+
+@pytest.mark.parametrize(
+    "script, rows",
+    [
+        ("time.sleep(1)\nf.write('fps\\n')\ntime.sleep(1)\nf.write('10\\n')\ntime.sleep(600)", 1),
+        ("f.write('fps\\n')", 0),  # ended without a row: nothing to wait for
+    ],
+)
+def test_a_runs_seconds_start_at_its_first_log_row(tmp_path, script, rows):
+    log_csv = tmp_path / "log.csv"
+    proc = _writer(log_csv, script)
+    try:
+        compare._await_first_row(proc, str(log_csv), timeout=300.0)  # hang guard
+        assert log_csv.read_text().count("\n") == 1 + rows
+        assert (proc.poll() is None) == (rows == 1)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_run_that_logs_no_row_in_its_start_up_time_is_timed_out(tmp_path):
+    log_csv = tmp_path / "log.csv"
+    proc = _writer(log_csv, "f.write('fps\\n')\ntime.sleep(600)")
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            compare._await_first_row(proc, str(log_csv), timeout=1.0)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_session_members_are_read_from_proc():

@@ -8,7 +8,9 @@ Each round runs every arm once, each as its own ``python -m bench.impala`` with 
 and then the arm's flags, in an order that rotates from round to round (a shared machine's
 speed drifts, so only what ran in the same rounds compares). A run ends at its
 ``--total-frames`` or, with ``--seconds``, at the first of the two: it is then stopped as
-Ctrl+C stops it. From each run's ``log.csv``: the median frames/s of its rows after the first
+Ctrl+C stops it. Its seconds count from its first log row, so that start-up (importing,
+compiling, forking) under a loaded machine does not eat the time it is measured in; a run
+that logs no row within ``STARTUP_S`` is stopped and reported. From each run's ``log.csv``: the median frames/s of its rows after the first
 third (start-up, compiling and filling the ring come first), the medians over the same rows
 of how long the learner waited for data, how busy the env workers were, the actors'
 inference ms per batch and the policy lag, and the last row's mean return (a faster plan
@@ -42,6 +44,8 @@ __all__ = ["main", "steady", "parse_args"]
 
 STOP_GRACE_S = 60.0
 """how long a run stopped with SIGINT may take to write its checkpoint and exit"""
+STARTUP_S = 600.0
+"""how long a run with ``--seconds`` may take to write its first log row"""
 SESSION_END_S = 15.0
 """how long the nodes of a killed run may take to see their parent gone and exit"""
 STEADY_COLUMNS = ("wait_fraction", "env_busy", "inference_ms", "policy_lag")
@@ -67,7 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every arm once [3]")
     parser.add_argument(
-        "--seconds", type=float, default=0.0, help="stop a run after this many seconds (0: at its --total-frames) [0]"
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="stop a run this many seconds after its first log row (0: at its --total-frames) [0]",
     )
     parser.add_argument("--log-interval", type=float, default=2.0, help="seconds between the runs' log rows [2]")
     parser.add_argument(
@@ -129,6 +136,8 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
         stopped = False
         try:
             try:
+                if seconds:
+                    _await_first_row(proc, os.path.join(out, rundir.LOG), STARTUP_S)
                 proc.wait(seconds or None)
             except subprocess.TimeoutExpired:
                 stopped = True
@@ -146,9 +155,22 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
             tail = f.read()[-3000:]
         raise RuntimeError(f"{shlex.join(cmd)} exited with {proc.returncode}:\n{tail}")
     if not os.path.exists(os.path.join(out, rundir.LOG)):
-        raise RuntimeError(f"{shlex.join(cmd)} wrote no log.csv (give it more --seconds); see {log.name}")
+        raise RuntimeError(f"{shlex.join(cmd)} wrote no log.csv before it stopped; see {log.name}")
     with open(os.path.join(out, rundir.LOG)) as f:
         return {**steady(list(csv.DictReader(f))), "pid": proc.pid}
+
+
+def _await_first_row(proc: subprocess.Popen, log_csv: str, timeout: float) -> None:
+    """Wait until ``log_csv`` holds a row after its header, or ``proc`` has ended; raise
+    ``subprocess.TimeoutExpired`` after ``timeout`` s (the caller then stops the run)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        with contextlib.suppress(FileNotFoundError), open(log_csv, "rb") as f:
+            if f.read().count(b"\n") >= 2:  # the header and a row
+                return
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(0.1)
 
 
 def _session_members(sid: int) -> list[int]:
