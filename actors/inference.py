@@ -19,6 +19,11 @@ its slot; every row records that previous action as ``last_action``.
 ``bf16`` runs the model under bf16 autocast (on a CPU with native bf16, inference
 costs about half; the logits recorded are float32).
 
+``graph`` replays the forward pass from a CUDA graph (``actors.graphs.CapturedForward``),
+captured at the first batch: on a GPU a batch of a few dozen observations is bound by
+launching the model's kernels one by one from Python. Sampling stays outside the graph.
+On a CPU nothing is captured (the same code runs on static inputs), which is how it is tested.
+
 ``statistics()`` says where the time went: waiting for the workers, in the network,
 recording rollouts.
 """
@@ -32,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from actors.graphs import CapturedForward
 from actors.pool.pool import EnvPool, HalfBatch
 from actors.rollout import RolloutWriter
 from actors.trajectory import CORE_STATE_PREFIX, LAST_ACTION, POLICY_VERSION, STEP_FIELDS
@@ -77,6 +83,7 @@ class BatchedInference:
         seed: int = 0,
         policy: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
         bf16: bool = False,
+        graph: bool = False,
     ):
         if not pool.spec.discrete:
             raise ValueError(
@@ -99,6 +106,8 @@ class BatchedInference:
         self.weights = weights
         self.policy = _first_output if policy is None else policy
         self.bf16 = bool(bf16)
+        self.graph = bool(graph)
+        self._forward = CapturedForward(self._run, self.device) if self.graph else self._run
         # per half: (h, c), each [layers, B/2, hidden]
         self._core = [model.initial_state(pool.half_size) for _ in range(pool.halves)] if self.recurrent else []
         self._version = 0
@@ -117,22 +126,17 @@ class BatchedInference:
             self._version = self.weights.pull(self.model, newer_than=self._version)
         core_state: tuple[torch.Tensor, ...] = ()
         last_action = batch.action.copy() if self.rollouts is not None or self.last_action_reward else None
-        with torch.inference_mode(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            obs = self._to_device(batch.obs, "obs")  # [B/2, *obs_shape], no copy on CPU
+        with torch.inference_mode():
+            inputs = [self._to_device(batch.obs, "obs")]  # [B/2, *obs_shape], no copy on CPU
             if self.stepped:
                 core_state = self._core[batch.half] if self.recurrent else ()
-                done = self._to_device(batch.done, "done").bool()  # [B/2]
-                inputs = {}
+                inputs += [self._to_device(batch.done, "done").bool(), *core_state]  # done [B/2]
                 if self.last_action_reward:
-                    inputs["last_action"] = self._to_device(last_action, LAST_ACTION)[None]  # [1, B/2]
-                    inputs["reward"] = self._to_device(batch.reward, "reward")[None]  # [1, B/2]
-                out = self.model(obs[None], done[None], core_state, **inputs)
-                logits = out.policy_logits[0]  # [B/2, A]
-                if self.recurrent:
-                    self._core[batch.half] = out.core_state
-            else:
-                logits = self.policy(self.model, obs)  # [B/2, A]
-            actions, logits = self._to_host(sample_actions(logits, self._generator), logits.float())
+                    inputs += [self._to_device(last_action, LAST_ACTION), self._to_device(batch.reward, "reward")]
+            logits, *new_core = self._forward(*inputs)  # [B/2, A], then the core state after the step
+            if self.recurrent:  # a graph's outputs are overwritten by its next replay (the other half's)
+                self._core[batch.half] = tuple(c.clone() for c in new_core) if self.graph else tuple(new_core)
+            actions, logits = self._to_host(sample_actions(logits, self._generator), logits)
         batch.action[:] = actions
         t2 = time.perf_counter_ns()
         if self.rollouts is not None:
@@ -150,6 +154,22 @@ class BatchedInference:
         self._batches += 1
         self._steps += len(batch.envs)
         return batch.half
+
+    def _run(self, obs: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The forward pass over one half: ``(logits [B/2, A] float32, *core state after it)``
+        from ``obs`` and, for a stepped model, ``done``, the core state and, with
+        ``last_action_reward``, the previous actions and the rewards (``step`` gives them in
+        that order). Tensors in, tensors out, so that ``CapturedForward`` can record it; under
+        a graph, autocast keeps no cache of cast weights (a replay must cast the current ones)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=not self.graph):
+            if not self.stepped:
+                return (self.policy(self.model, obs).float(),)
+            done, rest = rest[0], rest[1:]
+            layers = len(self._core[0]) if self.recurrent else 0
+            core_state, rest = tuple(rest[:layers]), rest[layers:]
+            extra = {"last_action": rest[0][None], "reward": rest[1][None]} if self.last_action_reward else {}
+            out = self.model(obs[None], done[None], core_state, **extra)
+            return (out.policy_logits[0].float(), *(out.core_state if self.recurrent else ()))
 
     def _to_device(self, array: np.ndarray, name: str) -> torch.Tensor:
         """The CPU: a view of the slots. CUDA: through a pinned buffer, asynchronously."""

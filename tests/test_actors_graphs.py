@@ -1,0 +1,110 @@
+"""The actors' forward pass replayed from a CUDA graph (``actors.graphs``): on the CPU, where
+nothing is captured but a call behaves as a replay does, the inputs and outputs it keeps,
+and ``BatchedInference(graph=True)`` writing the same unrolls as without; on a GPU (skipped
+without one), a replay against the eager forward pass, before and after new weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_actors_rollout import TinyPolicy
+
+from actors import EnvConfig, EnvPool
+from actors.graphs import CapturedForward
+from actors.inference import BatchedInference
+from actors.rollout import RolloutWriter
+from actors.trajectory import trajectory_spec
+from bench.impala.train import core_state_shapes
+from learners import make_model
+from shmpad.ringbuf import TypedRing
+
+
+def _affine(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return 2 * x + y, x.sum(dim=-1)
+
+
+def test_a_call_copies_its_inputs_and_returns_outputs_the_next_call_overwrites():
+    forward = CapturedForward(_affine, "cpu")
+    x, y = torch.ones(3, 2), torch.zeros(3, 2)
+    first = forward(x, y)
+    torch.testing.assert_close(first[0], torch.full((3, 2), 2.0))
+    x.fill_(5.0)  # the caller's tensor, changed after the call: not what the next call reads unless given
+    second = forward(torch.zeros(3, 2), torch.ones(3, 2))
+    assert all(a is b for a, b in zip(first, second))  # the same static outputs, overwritten
+    torch.testing.assert_close(second[0], torch.ones(3, 2))
+    torch.testing.assert_close(second[1], torch.zeros(3))
+    third = forward(torch.ones(4, 2), torch.ones(4, 2))  # another shape: its own inputs and outputs
+    assert third[0].shape == (4, 2) and third[0] is not first[0] and forward.captures == 0  # nothing captured on a CPU
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ((np.zeros(3),), "input 0 must be a tensor on cpu, got ndarray"),
+        ((torch.zeros(3), "x"), "input 1 must be a tensor on cpu, got str"),
+    ],
+)
+def test_inputs_that_are_not_tensors_on_its_device_are_refused(inputs, message):
+    with pytest.raises(TypeError, match=message):
+        CapturedForward(_affine, "cpu")(*inputs)
+
+
+def _unrolls(model_factory, graph: bool, T: int = 3) -> dict[str, np.ndarray]:
+    """Two unrolls of each of 4 CartPole environments (2 halves of 2), [4, 2 (T+1), ...] per
+    field, from a seeded run of ``BatchedInference`` with or without ``graph``."""
+    torch.manual_seed(0)
+    model = model_factory()
+    with EnvPool(EnvConfig("CartPole-v1"), 2, 2, seed=5) as pool:
+        shapes = core_state_shapes(model) if getattr(model, "use_lstm", False) else []
+        ring = TypedRing.create(trajectory_spec(pool.spec, T, core_state_shapes=shapes), capacity=16)
+        try:
+            writer = RolloutWriter(ring, 2, pool.half_size, timeout=10)
+            inference = BatchedInference(pool, model, rollouts=writer, graph=graph)
+            for _ in range(2 * (2 * T + 1)):
+                inference.step(timeout=30)
+            batches = []
+            for _ in range(2):
+                batches.append({k: v.copy() for k, v in ring.get_batch(4, timeout=10).items()})
+                ring.release()
+        finally:
+            ring.close()
+    return {f: np.concatenate([b[f] for b in batches], axis=1) for f in batches[0]}
+
+
+@pytest.mark.parametrize(
+    "model_factory",
+    [
+        TinyPolicy,
+        lambda: make_model("mlp", (4,), 2, use_lstm=True),  # each half's core state must outlive the next call
+        lambda: make_model("mlp", (4,), 2, last_action_reward=True),
+    ],
+    ids=["feed-forward", "lstm", "last-action-reward"],
+)
+def test_inference_through_the_graph_path_writes_the_same_unrolls(model_factory, shm_leak_check):
+    eager, graphed = _unrolls(model_factory, graph=False), _unrolls(model_factory, graph=True)
+    assert eager.keys() == graphed.keys()
+    for f in eager:
+        np.testing.assert_array_equal(graphed[f], eager[f], err_msg=f)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_captured_forward_pass_replays_on_a_gpu_with_the_weights_copied_into_it():
+    torch.manual_seed(0)
+    model = make_model("shallow", (4, 84, 84), 6).cuda().eval()
+    fresh = make_model("shallow", (4, 84, 84), 6).cuda()
+
+    def logits(obs: torch.Tensor) -> tuple[torch.Tensor]:
+        return (model(obs[None]).policy_logits[0].float(),)
+
+    forward = CapturedForward(logits, "cuda")
+    obs = torch.randint(0, 255, (24, 4, 84, 84), dtype=torch.uint8, device="cuda")
+    with torch.inference_mode():
+        (got,) = forward(obs)
+        torch.testing.assert_close(got, logits(obs)[0])
+        with torch.no_grad():  # new weights, copied in place as a WeightStore pull copies them
+            for p, q in zip(model.parameters(), fresh.parameters()):
+                p.copy_(q)
+        (got,) = forward(obs)
+        torch.testing.assert_close(got, logits(obs)[0])
+    assert forward.captures == 1
