@@ -48,6 +48,11 @@ from shmpad.weights import WeightStore
 
 __all__ = ["LearnerConfig", "Learner", "LearnerStatistics"]
 
+KL_LR_STEP = 1.5
+"""``kl_target``: the factor by which one minibatch step's KL raises or lowers the learning rate"""
+KL_LR_BOUNDS = (1e-6, 1e-2)
+"""``kl_target``: the learning rate stays within these"""
+
 
 @dataclass
 class LearnerConfig:
@@ -101,6 +106,11 @@ class LearnerConfig:
     """appo: how far a batch's steps may move the baseline before its loss stops pulling (None: no clipping)"""
     vtrace_lambda: float = 1.0
     """V-trace's lambda: 1 is the paper's IMPALA, 0.95 PPO's GAE lambda"""
+    kl_target: float = 0.0
+    """appo, > 0: after every minibatch step the learning rate is multiplied by ``KL_LR_STEP``
+    when that step's KL to the batch's first policy (half the mean squared log-ratio) was under
+    half of this, and divided by it when over twice this, within ``KL_LR_BOUNDS``; this replaces
+    the linear decay (rl_games' adaptive schedule). 0: off"""
     normalize_advantages: bool = True
     """appo: normalise the advantages over each minibatch"""
     compile: bool = False
@@ -131,6 +141,14 @@ class LearnerConfig:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
+        if not (isinstance(self.kl_target, (int, float)) and not isinstance(self.kl_target, bool)) or not (
+            self.kl_target >= 0
+        ):
+            raise ValueError(f"kl_target must be a number >= 0 (0: off), got {self.kl_target!r}")
+        if self.kl_target and self.algo != "appo":
+            raise ValueError(
+                f"kl_target ({self.kl_target}) adapts the learning rate between APPO's minibatch steps: needs algo 'appo'"
+            )
         if self.shuffle not in ("unrolls", "steps"):
             raise ValueError(f"shuffle must be 'unrolls' or 'steps', got {self.shuffle!r}")
         if self.shuffle == "unrolls" and self.batch_size % self.minibatches:
@@ -244,9 +262,13 @@ class Learner:
         self._loss_fn = torch.compile(self._eager_loss) if config.compile else self._eager_loss
         self.frames_per_update = config.batch_size * self.unroll_length * config.frames_per_step
         total_updates = math.ceil(config.total_frames / self.frames_per_update) if config.total_frames else 0
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: max(0.0, 1.0 - step / total_updates) if total_updates else 1.0
-        )
+        self.lr_factor = 1.0
+        """the learning rate over ``config.learning_rate`` that ``kl_target`` has set (1.0 without it)"""
+        if config.kl_target:
+            schedule = lambda step: self.lr_factor  # noqa: E731 - the adaptive schedule's factor, kept by a step
+        else:
+            schedule = lambda step: max(0.0, 1.0 - step / total_updates) if total_updates else 1.0  # noqa: E731
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.steps = 0
         self.frames = 0
         self.episodes = 0
@@ -360,6 +382,8 @@ class Learner:
                 if config.grad_norm_clip is not None:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_norm_clip, foreach=True)
                 self.optimizer.step()
+                if config.kl_target:
+                    self._adapt_learning_rate(float(0.5 * log_ratio.square().mean()))  # one sync per minibatch
         assert loss is not None  # epochs and minibatches are >= 1
         steps = config.epochs * config.minibatches
         self._last_appo = {"clip_fraction": clipped / steps, "approx_kl": kl / steps}
@@ -370,6 +394,16 @@ class Learner:
         if self.publisher is not None:
             self.publisher(self.steps)
         return loss
+
+    def _adapt_learning_rate(self, kl: float) -> None:
+        """``kl_target``'s rule after one minibatch step whose KL estimate was ``kl``."""
+        target, rate = self.config.kl_target, self.config.learning_rate
+        if kl > 2 * target:
+            self.lr_factor = max(self.lr_factor / KL_LR_STEP, KL_LR_BOUNDS[0] / rate)
+        elif kl < target / 2:
+            self.lr_factor = min(self.lr_factor * KL_LR_STEP, KL_LR_BOUNDS[1] / rate)
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate * self.lr_factor
 
     @torch.no_grad()
     def _appo_targets(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -513,6 +547,7 @@ class Learner:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "lr_factor": self.lr_factor,
             "steps": self.steps,
             "frames": self.frames,
             "episodes": self.episodes,
@@ -524,6 +559,7 @@ class Learner:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.lr_factor = float(state.get("lr_factor", 1.0))  # checkpoints before kl_target have none
         self.steps = int(state["steps"])
         self.frames = int(state["frames"])
         self.episodes = int(state["episodes"])

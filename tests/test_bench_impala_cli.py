@@ -294,3 +294,17 @@ def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--publish-seconds", "-1"])
     assert "--publish-seconds must be >= 0, got -1.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algo", "appo", "--kl-target", "-1"], "--kl-target must be >= 0 (0: off), got -1.0"),
+        (["--kl-target", "0.01"], "--kl-target 0.01 adapts the learning rate between APPO's minibatch steps"),
+    ],
+)
+def test_a_kl_target_is_checked_and_reaches_the_learner(argv, message, capsys):
+    assert train.resolve(train.parse_args(["--algo", "appo", "--kl-target", "0.01"])).learner.kl_target == 0.01
+    with pytest.raises(SystemExit):
+        train.parse_args(argv)
+    assert message in capsys.readouterr().err

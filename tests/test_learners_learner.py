@@ -14,7 +14,7 @@ import torch
 from actors.envs.spec import EnvSpec
 from actors.trajectory import trajectory_spec
 from learners import make_model
-from learners.learner import Learner, LearnerConfig
+from learners.learner import KL_LR_BOUNDS, KL_LR_STEP, Learner, LearnerConfig
 from shmpad.ringbuf import TypedRing
 from shmpad.weights import WeightStore
 
@@ -271,10 +271,36 @@ def test_appo_minibatches_of_steps_are_refused_where_they_cannot_be_made(ring, s
         lstm_ring.close()
 
 
+def test_appo_kl_target_adapts_the_learning_rate_after_every_minibatch_step(ring, tmp_path):
+    # A target far above any step's KL: each of the 2 x 2 steps raises the rate by KL_LR_STEP
+    learner = _learner(ring, algo="appo", epochs=2, minibatches=2, learning_rate=1e-4, kl_target=10.0, total_frames=40)
+    _fill(ring, B, 0)
+    learner.step(timeout=5)
+    assert learner.lr_factor == pytest.approx(KL_LR_STEP**4)
+    assert learner.statistics().learning_rate == pytest.approx(1e-4 * KL_LR_STEP**4)  # no linear decay on top
+    learner.save(str(tmp_path / "ckpt.pt"))
+    resumed = _learner(ring, algo="appo", epochs=2, minibatches=2, learning_rate=1e-4, kl_target=10.0)
+    resumed.load(str(tmp_path / "ckpt.pt"))
+    assert resumed.lr_factor == pytest.approx(KL_LR_STEP**4)
+    # the rule itself: down when over twice the target, unchanged between, and within KL_LR_BOUNDS
+    resumed._adapt_learning_rate(20.1)
+    assert resumed.lr_factor == pytest.approx(KL_LR_STEP**3)
+    resumed._adapt_learning_rate(10.0)
+    assert resumed.lr_factor == pytest.approx(KL_LR_STEP**3)
+    for _ in range(100):
+        resumed._adapt_learning_rate(0.0)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_LR_BOUNDS[1])
+    for _ in range(100):
+        resumed._adapt_learning_rate(1e9)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_LR_BOUNDS[0])
+
+
 @pytest.mark.parametrize(
     "kw, error, match",
     [
         (dict(algo="ppo"), ValueError, "algo must be 'impala' or 'appo', got 'ppo'"),
+        (dict(algo="appo", kl_target=-0.01), ValueError, r"kl_target must be a number >= 0 \(0: off\), got -0.01"),
+        (dict(kl_target=0.01), ValueError, "kl_target .* needs algo 'appo'"),
         (dict(algo="appo", epochs=0), ValueError, "epochs must be >= 1, got 0"),
         (dict(algo="appo", epochs=1.5), TypeError, "epochs must be an int, got float 1.5"),
         (dict(algo="appo", batch_size=6, minibatches=4), ValueError, r"batch_size \(6\) must be a multiple"),

@@ -110,6 +110,8 @@ class Args:
     """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
     value_clip: float = 0.0
     """appo: how far one batch's steps may move the baseline before its loss stops pulling (0: no clipping)"""
+    kl_target: float = 0.0
+    """appo: adapt the learning rate after every minibatch step, x1.5 when the step's KL was under half of this and /1.5 when over twice this, instead of --lr-decay-frames (rl_games' adaptive schedule; 0: off)"""
     vtrace_lambda: float = 1.0
     """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
     full_action_space: bool = False
@@ -199,6 +201,12 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
             parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
     if not args.adam_eps > 0:
         parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
+    if not args.kl_target >= 0:
+        parser.error(f"--kl-target must be >= 0 (0: off), got {args.kl_target}")
+    if args.kl_target and args.algo != "appo":
+        parser.error(
+            f"--kl-target {args.kl_target} adapts the learning rate between APPO's minibatch steps: use --algo appo"
+        )
     if args.vtrace_lambda > 1:
         parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
     if args.algo == "appo" and args.shuffle == "steps":
@@ -331,6 +339,7 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         clip=args.clip,
         value_clip=args.value_clip or None,
         vtrace_lambda=args.vtrace_lambda,
+        kl_target=args.kl_target,
         total_frames=args.lr_decay_frames or args.total_frames,
         frames_per_step=frames_per_step(env),
         publish_every=args.publish_every,

@@ -39,6 +39,7 @@ HELP_GROUPS = {
         "shuffle",
         "clip",
         "value_clip",
+        "kl_target",
         "vtrace_lambda",
     ],
     "speed (0 and auto: chosen from the cores and the device, printed as the plan)": [
