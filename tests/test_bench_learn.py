@@ -193,6 +193,38 @@ def test_overlay_tabulates_each_run_at_the_marks_and_the_median_over_runs(tmp_pa
         )
 
 
+RL_GAMES_LOG = """fps step: 11849 fps total: 5652 epoch: 1/500
+fps step: 11318 fps total: 6340 epoch: 100/500
+saving next best rewards:  [14.216911]
+=> saving checkpoint 'runs/x.pth'
+fps step: 10767 fps total: 6099 epoch: 130/500
+saving next best rewards:  [18.07]
+fps step: 10548 fps total: 5964 epoch: 131/500
+"""
+
+
+def test_a_reference_log_becomes_a_curve_that_overlay_draws_dashed(tmp_path, capsys):
+    from bench.learn import overlay, reference
+
+    assert reference.best_means(RL_GAMES_LOG, 8192, 4) == [(100 * 8192 * 4, 14.216911), (130 * 8192 * 4, 18.07)]
+    cells = [{"cell_type": "markdown"}, {"cell_type": "code", "outputs": [{"text": RL_GAMES_LOG.splitlines(True)}]}]
+    notebook = tmp_path / "demo.ipynb"
+    notebook.write_text(json.dumps({"cells": cells}))
+    csv_path = tmp_path / "ref.csv"
+    argv = [str(notebook), "--steps-per-epoch", "8192", "--frame-skip", "4"]
+    assert reference.main([*argv, "--out", str(csv_path)]) == 0
+    assert csv_path.read_text() == "frames,mean_return\n3276800,14.2169\n4259840,18.07\n"
+    assert overlay.read_curve(str(csv_path)) == [(3276800, 14.2169), (4259840, 18.07)]
+    assert overlay.main([str(csv_path), "--label", "ref", "--targets", "18", "--out", str(tmp_path / "o.png")]) == 0
+    assert "ref: last 4,259,840 frames, 18.07; first reached 18: 4,259,840" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="a best-rewards line before any epoch line"):
+        reference.best_means("saving next best rewards:  [1.0]\n", 8192, 4)
+    (tmp_path / "empty.txt").write_text("nothing here\n")
+    with pytest.raises(SystemExit):
+        reference.main([str(tmp_path / "empty.txt"), "--steps-per-epoch", "8192", "--frame-skip", "4"])
+    assert "no 'saving next best rewards' line" in capsys.readouterr().err
+
+
 def test_sigterm_stops_the_runs_as_ctrl_c_does(tmp_path, shm_leak_check):
     """A run leads a session of its own: killed outright, bench.learn would leave it running."""
     out = tmp_path / "learn"

@@ -5,7 +5,9 @@
 
 Each run folder is one ``python -m bench.impala`` run's (its ``log.csv``: the learner's mean true
 return over the last 100 episodes at each progress row, against frames with frame skip counted),
-so runs of either algorithm, any machine and any speed compare per frame. ``--csv`` also writes the
+so runs of either algorithm, any machine and any speed compare per frame. A CSV file in place of
+a folder is a reference's curve (columns ``frames,mean_return``, e.g. from
+``python -m bench.learn.reference``), drawn dashed. ``--csv`` also writes the
 curves' points, and the frames at which each run's logged mean first reached each target are
 printed (a progress row is every few seconds, so these are at most one row late).
 
@@ -36,10 +38,13 @@ _SUFFIX = {"K": 1_000, "M": 1_000_000}
 
 
 def read_curve(folder: str) -> list[tuple[int, float]]:
-    """(frames, mean return) of a run's ``log.csv`` rows that have a mean return."""
-    path = os.path.join(folder, rundir.LOG)
+    """(frames, mean return) of a run's ``log.csv`` rows that have a mean return; or of a CSV
+    file's rows, with those two columns (a reference's published points, ``bench.learn.reference``)."""
+    path = folder if os.path.isfile(folder) else os.path.join(folder, rundir.LOG)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{folder}: no log.csv (give the folder of a python -m bench.impala run)")
+        raise FileNotFoundError(
+            f"{folder}: no log.csv (give the folder of a python -m bench.impala run, or a CSV of frames,mean_return)"
+        )
     with open(path) as f:
         return [(int(float(r["frames"])), float(r["mean_return"])) for r in csv.DictReader(f) if r["mean_return"]]
 
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
     )
-    parser.add_argument("runs", nargs="+", help="run folders (each with a log.csv)")
+    parser.add_argument("runs", nargs="+", help="run folders (each with a log.csv), or CSVs of a reference's points")
     parser.add_argument("--label", action="append", default=[], help="one label per run, in order [the folder]")
     parser.add_argument("--targets", default="18,20", help="returns drawn as lines, comma-separated [18,20]")
     parser.add_argument("--title", default="", help="the picture's title")
@@ -123,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for label, curve in zip(labels, curves):
+    for run, label, curve in zip(args.runs, labels, curves):
         if curve:
-            ax.plot([f / 1e6 for f, _ in curve], [m for _, m in curve], label=label, linewidth=1.2)
+            style = "--" if os.path.isfile(run) else "-"
+            ax.plot([f / 1e6 for f, _ in curve], [m for _, m in curve], style, label=label, linewidth=1.2)
         reached = ", ".join(
             f"{t:g}: " + (f"{f:,}" if (f := first_reached(curve, t)) else "not reached") for t in targets
         )
