@@ -262,6 +262,8 @@ class Learner:
         self._loss_fn = torch.compile(self._eager_loss) if config.compile else self._eager_loss
         self.frames_per_update = config.batch_size * self.unroll_length * config.frames_per_step
         total_updates = math.ceil(config.total_frames / self.frames_per_update) if config.total_frames else 0
+        self._obs_norm = getattr(getattr(model, "torso", None), "obs_norm", None)
+        """the model's input statistics (``learners.models.RunningNorm``), updated from every batch before its loss"""
         self.lr_factor = 1.0
         """the learning rate over ``config.learning_rate`` that ``kl_target`` has set (1.0 without it)"""
         if config.kl_target:
@@ -341,6 +343,8 @@ class Learner:
         return self._update(batch)
 
     def _update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
+        if self._obs_norm is not None:  # the batch's own steps (its bootstrap row is the next unroll's first)
+            self._obs_norm.update(batch["obs"][:-1])
         if self.config.algo == "appo":
             return self._update_appo(batch)
         loss = self._compute_loss(batch)

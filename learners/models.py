@@ -8,7 +8,9 @@ Torsos map one observation per row, ``[N, *obs_shape]``, to ``[N, features]``:
   16, 32, 32 channels then a 256-unit layer; ``1,094,115`` parameters with the heads.
 - ``MLPTorso``: for vector observations (CartPole).
 
-The image torsos take uint8 frames and scale them by 1/255 inside. ``ActorCritic``
+The image torsos take uint8 frames and scale them by 1/255 inside; with ``normalize``, a torso
+standardises each input element by running statistics instead (``RunningNorm``, rl_games'
+``normalize_input``), which the learner updates from every batch and publishes with the weights. ``ActorCritic``
 runs a torso over time-major inputs ``[T, B, ...]``, with an optional LSTM whose
 state is carried between calls and zeroed where an episode starts, as in
 torchbeast and moolib. With ``last_action_reward`` the core (or, without one, the
@@ -27,7 +29,16 @@ from torch.nn import functional as F
 
 from learners._checks import describe
 
-__all__ = ["ActorCritic", "MLPTorso", "ModelOutput", "NatureTorso", "ResNetTorso", "make_model", "orthogonal_init"]
+__all__ = [
+    "ActorCritic",
+    "MLPTorso",
+    "ModelOutput",
+    "NatureTorso",
+    "ResNetTorso",
+    "RunningNorm",
+    "make_model",
+    "orthogonal_init",
+]
 
 
 class ModelOutput(NamedTuple):
@@ -47,18 +58,59 @@ def _check_image_shape(obs_shape: Sequence[int], smallest: int) -> tuple[int, in
     return shape
 
 
-def _scale_frames(obs: torch.Tensor) -> torch.Tensor:
+def _frames(obs: torch.Tensor, norm: RunningNorm | None) -> torch.Tensor:
+    """uint8 frames as floats: scaled by 1/255, or standardised by ``norm``."""
     if obs.dtype != torch.uint8:
         raise TypeError(f"observations must be a torch.uint8 tensor of frames, got {describe(obs)}")
-    return obs.float().mul_(1.0 / 255.0)
+    return obs.float().mul_(1.0 / 255.0) if norm is None else norm(obs)
+
+
+class RunningNorm(nn.Module):
+    """Each input element standardised by the mean and variance of every input ``update`` has
+    seen, then clipped: ``forward(x [N, *shape]) -> clamp((x - mean) / sqrt(var + eps), -clip, clip)``,
+    float32. Before any update the mean is 0 and the variance 1. The statistics are buffers, so
+    they travel with the state dict (checkpoints, ``WeightStore``); ``update`` changes them in
+    place, merging each batch's moments exactly (Chan et al.'s parallel formula, in float64)."""
+
+    def __init__(self, shape: Sequence[int], eps: float = 1e-5, clip: float = 5.0):
+        super().__init__()
+        self.shape = tuple(shape)
+        self.eps, self.clip = float(eps), float(clip)
+        self.register_buffer("mean", torch.zeros(self.shape))
+        self.register_buffer("var", torch.ones(self.shape))
+        self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.float() - self.mean) * torch.rsqrt(self.var + self.eps)).clamp_(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Merge the moments of ``x`` ``[..., *shape]`` (every leading dimension is samples)."""
+        if tuple(x.shape[x.dim() - len(self.shape) :]) != self.shape:
+            raise ValueError(f"RunningNorm of shape {self.shape}: got a batch of shape {tuple(x.shape)}")
+        flat = x.reshape(-1, *self.shape).double()
+        n, seen = flat.shape[0], int(self.count)
+        if n == 0:
+            return
+        mean, var = flat.mean(0), flat.var(0, unbiased=False)
+        total = seen + n
+        delta = mean - self.mean.double()
+        merged_mean = self.mean.double() + delta * (n / total)
+        merged_var = (self.var.double() * seen + var * n + delta.square() * (seen * n / total)) / total
+        if seen == 0:  # the prior (mean 0, variance 1) counts for nothing
+            merged_mean, merged_var = mean, var
+        self.mean.copy_(merged_mean)
+        self.var.copy_(merged_var)
+        self.count.fill_(total)
 
 
 class NatureTorso(nn.Module):
     """The Nature CNN: conv 32x8x8/4, 64x4x4/2, 64x3x3/1, then 512 units; ``forward(obs [N, C, H, W] uint8) -> [N, 512]``."""
 
-    def __init__(self, obs_shape: Sequence[int] = (4, 84, 84), hidden: int = 512):
+    def __init__(self, obs_shape: Sequence[int] = (4, 84, 84), hidden: int = 512, normalize: bool = False):
         super().__init__()
         self.obs_shape = _check_image_shape(obs_shape, smallest=36)
+        self.obs_norm = RunningNorm(self.obs_shape) if normalize else None
         c, h, w = self.obs_shape
         self.convs = nn.Sequential(
             nn.Conv2d(c, 32, 8, stride=4),
@@ -74,7 +126,7 @@ class NatureTorso(nn.Module):
         self.out_features = hidden
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.convs(_scale_frames(obs)).flatten(1)  # [N, 64 * h * w]
+        x = self.convs(_frames(obs, self.obs_norm)).flatten(1)  # [N, 64 * h * w]
         return F.relu(self.fc(x))  # [N, hidden]
 
 
@@ -105,10 +157,15 @@ class ResNetTorso(nn.Module):
     ``forward(obs [N, C, H, W] uint8) -> [N, hidden]``."""
 
     def __init__(
-        self, obs_shape: Sequence[int] = (4, 84, 84), channels: Sequence[int] = (16, 32, 32), hidden: int = 256
+        self,
+        obs_shape: Sequence[int] = (4, 84, 84),
+        channels: Sequence[int] = (16, 32, 32),
+        hidden: int = 256,
+        normalize: bool = False,
     ):
         super().__init__()
         self.obs_shape = _check_image_shape(obs_shape, smallest=1)
+        self.obs_norm = RunningNorm(self.obs_shape) if normalize else None
         c, h, w = self.obs_shape
         stages = []
         for out in channels:
@@ -119,14 +176,14 @@ class ResNetTorso(nn.Module):
         self.out_features = hidden
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.stages(_scale_frames(obs))).flatten(1)  # [N, c * h * w]
+        x = F.relu(self.stages(_frames(obs, self.obs_norm))).flatten(1)  # [N, c * h * w]
         return F.relu(self.fc(x))  # [N, hidden]
 
 
 class MLPTorso(nn.Module):
     """Fully connected tanh layers; ``forward(obs [N, obs_dim] floating) -> [N, hidden[-1]]``."""
 
-    def __init__(self, obs_dim: int, hidden: Sequence[int] = (64, 64)):
+    def __init__(self, obs_dim: int, hidden: Sequence[int] = (64, 64), normalize: bool = False):
         super().__init__()
         if isinstance(obs_dim, bool) or not isinstance(obs_dim, int) or obs_dim < 1:
             raise ValueError(f"obs_dim must be an int >= 1, got {obs_dim!r}")
@@ -140,10 +197,13 @@ class MLPTorso(nn.Module):
         self.layers = nn.Sequential(*layers)
         self.obs_shape = (obs_dim,)
         self.out_features = size
+        self.obs_norm = RunningNorm(self.obs_shape) if normalize else None
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if not obs.is_floating_point():
             raise TypeError(f"observations must be a floating point tensor, got {describe(obs)}")
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
         return self.layers(obs.to(self.layers[0].weight.dtype))  # [N, out_features]
 
 
@@ -286,20 +346,22 @@ def make_model(
     use_lstm: bool = False,
     last_action_reward: bool = False,
     init: Literal["torch", "orthogonal"] = "torch",
+    normalize_input: bool = False,
 ) -> ActorCritic:
     """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``);
     ``use_lstm`` and ``last_action_reward`` as ``ActorCritic``'s; ``init``: torch's default initialisation of
-    each layer, or ``orthogonal_init``'s."""
+    each layer, or ``orthogonal_init``'s; ``normalize_input``: the torso standardises its inputs by running
+    statistics (``RunningNorm``, at ``model.torso.obs_norm``) instead of scaling frames by 1/255."""
     if init not in ("torch", "orthogonal"):
         raise ValueError(f"init must be 'torch' or 'orthogonal', got {init!r}")
     if kind == "shallow":
-        torso: nn.Module = NatureTorso(obs_shape)
+        torso: nn.Module = NatureTorso(obs_shape, normalize=normalize_input)
     elif kind == "deep":
-        torso = ResNetTorso(obs_shape)
+        torso = ResNetTorso(obs_shape, normalize=normalize_input)
     elif kind == "mlp":
         if len(tuple(obs_shape)) != 1:
             raise ValueError(f"the mlp model takes vector observations, obs_shape (obs_dim,), got {tuple(obs_shape)!r}")
-        torso = MLPTorso(obs_shape[0])
+        torso = MLPTorso(obs_shape[0], normalize=normalize_input)
     else:
         raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {kind!r}")
     model = ActorCritic(torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward)

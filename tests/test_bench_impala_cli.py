@@ -308,3 +308,13 @@ def test_a_kl_target_is_checked_and_reaches_the_learner(argv, message, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_normalize_input_builds_a_model_with_input_statistics_and_is_refused_with_peers(capsys):
+    job = train.resolve(train.parse_args(["--normalize-input"]))
+    assert job.normalize_input and train.build_model(job, (4, 84, 84), 6).torso.obs_norm is not None
+    assert train.build_model(train.resolve(train.parse_args([])), (4, 84, 84), 6).torso.obs_norm is None
+    with pytest.raises(SystemExit):
+        train.parse_args(["--normalize-input", "--peers", "127.0.0.1:5555"])
+    assert "--normalize-input keeps input statistics per learner" in capsys.readouterr().err
+    assert "normalize_input" in train.IDENTITY  # a checkpoint holds the statistics or not: resume only alike

@@ -295,6 +295,33 @@ def test_appo_kl_target_adapts_the_learning_rate_after_every_minibatch_step(ring
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_LR_BOUNDS[0])
 
 
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_a_models_input_statistics_follow_every_batch_and_are_published(ring, algo):
+    torch.manual_seed(0)
+    model = make_model("mlp", OBS, A, normalize_input=True)
+    store = WeightStore.create(model)
+    try:
+        learner = Learner(model, ring, LearnerConfig(batch_size=B, algo=algo), store)
+        copy = TypedRing.create(_spec(), capacity=B)  # the same unrolls, to read
+        try:
+            _fill(copy, B, 0)
+            batch_obs = copy.get_batch(B, timeout=5)["obs"][:, :-1].copy()  # [B, T, ...]: each unroll's own steps
+            copy.release()
+        finally:
+            copy.close()
+        _fill(ring, B, 0)
+        learner.step(timeout=5)
+        norm = model.torso.obs_norm
+        assert int(norm.count) == B * T
+        torch.testing.assert_close(norm.mean, torch.from_numpy(batch_obs.reshape(-1, *OBS)).double().mean(0).float())
+        actor = make_model("mlp", OBS, A, normalize_input=True)
+        store.pull(actor)
+        torch.testing.assert_close(actor.torso.obs_norm.mean, norm.mean)
+        assert int(actor.torso.obs_norm.count) == B * T
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize(
     "kw, error, match",
     [

@@ -12,6 +12,7 @@ from learners.models import (
     ModelOutput,
     NatureTorso,
     ResNetTorso,
+    RunningNorm,
     make_model,
 )
 
@@ -275,3 +276,42 @@ def test_orthogonal_init_gives_orthogonal_layers_and_a_near_uniform_first_policy
     assert (probs - 1 / 6).abs().max() < 0.02  # near-uniform, unlike torch's default init
     with pytest.raises(ValueError, match="init must be 'torch' or 'orthogonal', got 'xavier'"):
         make_model(kind, obs, 6, init="xavier")
+
+
+def test_running_norm_merges_batches_exactly_and_standardises_with_a_clip():
+    norm = RunningNorm((3,), clip=5.0)
+    torch.testing.assert_close(
+        norm(torch.tensor([[2.0, -1.0, 9.0]])), torch.tensor([[2.0, -1.0, 5.0]]), atol=1e-4, rtol=0
+    )
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(100, 3, generator=gen) * 5 + 2, torch.randn(2, 37, 3, generator=gen) * 0.5 - 1
+    norm.update(a)
+    norm.update(b)  # leading dimensions are all samples
+    seen = torch.cat([a, b.reshape(-1, 3)])
+    assert int(norm.count) == 174
+    torch.testing.assert_close(norm.mean, seen.mean(0))
+    torch.testing.assert_close(norm.var, seen.var(0, unbiased=False))
+    x = torch.randn(4, 3, generator=gen)
+    expected = ((x - seen.mean(0)) / torch.sqrt(seen.var(0, unbiased=False) + 1e-5)).clamp(-5, 5)
+    torch.testing.assert_close(norm(x), expected)
+    with pytest.raises(ValueError, match=r"RunningNorm of shape \(3,\): got a batch of shape \(4, 2\)"):
+        norm.update(torch.zeros(4, 2))
+
+
+@pytest.mark.parametrize(
+    "kind, obs", [("shallow", torch.full((1, 1, 4, 84, 84), 200, dtype=torch.uint8)), ("mlp", torch.ones(1, 1, 4))]
+)
+def test_a_model_that_normalizes_its_input_keeps_the_statistics_in_its_state_dict(kind, obs):
+    shape = tuple(obs.shape[2:])
+    model = make_model(kind, shape, 2, normalize_input=True)
+    assert {"torso.obs_norm.mean", "torso.obs_norm.var", "torso.obs_norm.count"} <= set(model.state_dict())
+    model.torso.obs_norm.update(obs.flatten(0, 1).float())
+    # every element now sits at its mean: the torso sees zeros, whatever the raw values
+    zeros = make_model(kind, shape, 2)
+    zeros.load_state_dict({k: v for k, v in model.state_dict().items() if "obs_norm" not in k})
+    features = model.torso(obs.flatten(0, 1))
+    if kind == "mlp":
+        torch.testing.assert_close(features, zeros.torso(torch.zeros(1, 4)))
+    else:
+        torch.testing.assert_close(features, zeros.torso(torch.zeros(1, *shape, dtype=torch.uint8)))
+    assert "obs_norm" not in {n.split(".")[1] for n in make_model(kind, shape, 2).state_dict() if "." in n}

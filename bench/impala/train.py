@@ -116,6 +116,8 @@ class Args:
     """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
     full_action_space: bool = False
     """Atari: all 18 actions instead of the game's minimal set"""
+    normalize_input: bool = False
+    """standardise every input element (pixel) by running statistics that the learner updates from each batch, instead of scaling frames by 1/255 (rl_games' normalize_input)"""
     queue_slots: int = 0
     """trajectory ring slots (0: 4 batches)"""
     device: str = "cpu"
@@ -226,6 +228,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         )
     if args.algo == "appo" and args.peers:
         parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
+    if args.normalize_input and args.peers:
+        parser.error("--normalize-input keeps input statistics per learner; a group's learners (--peers) would differ")
     if args.min_peers < 1:
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
     if args.peers:
@@ -291,6 +295,8 @@ class Job:
     """an LSTM core after the torso"""
     last_action_reward: bool
     """the core and heads also see the previous action and the clipped reward"""
+    normalize_input: bool
+    """the torso standardises its inputs by running statistics"""
     seed: int
     """seeds every environment and the networks"""
     device: str
@@ -367,6 +373,7 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         init=args.init,
         use_lstm=args.use_lstm,
         last_action_reward=args.last_action_reward,
+        normalize_input=args.normalize_input,
         seed=args.seed,
         device=args.device,
         unroll_length=args.unroll_length,
@@ -389,6 +396,7 @@ def build_model(job: Job, obs_shape, num_actions: int):
         use_lstm=job.use_lstm,
         last_action_reward=job.last_action_reward,
         init=job.init,
+        normalize_input=job.normalize_input,
     )
 
 
@@ -590,7 +598,7 @@ def local_resources(plan: Plan) -> dict[str, lp.PythonProcess]:
     return {"learner": lp.PythonProcess(cpus=learner), "actor": lp.PythonProcess(cpus=actors)}
 
 
-IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space")
+IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space", "normalize_input")
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
 
