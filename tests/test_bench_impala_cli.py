@@ -318,3 +318,13 @@ def test_normalize_input_builds_a_model_with_input_statistics_and_is_refused_wit
         train.parse_args(["--normalize-input", "--peers", "127.0.0.1:5555"])
     assert "--normalize-input keeps input statistics per learner" in capsys.readouterr().err
     assert "normalize_input" in train.IDENTITY  # a checkpoint holds the statistics or not: resume only alike
+
+
+def test_cuda_graph_reaches_the_actors_and_is_refused_without_a_gpu(capsys):
+    assert train.resolve(train.parse_args(["--device", "cuda", "--cuda-graph", "on"])).cuda_graph
+    assert not train.resolve(train.parse_args(["--device", "cuda"])).cuda_graph  # off until measured
+    with pytest.raises(SystemExit):
+        train.parse_args(["--cuda-graph", "on"])
+    assert "--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got cpu" in (
+        capsys.readouterr().err
+    )

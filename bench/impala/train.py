@@ -128,6 +128,8 @@ class Args:
     """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
     bf16: str = "auto"
     """bf16 autocast in the learner (and on a CPU in the actors' inference): auto (on a GPU, and on a CPU with AVX512-BF16 or AMX), on, off"""
+    cuda_graph: str = "off"
+    """replay the actors' forward pass from a CUDA graph (--device cuda): on, off (off until measured on a GPU)"""
     pin: str = "auto"
     """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
     publish_every: int = 1
@@ -203,6 +205,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
             parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
     if not args.adam_eps > 0:
         parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
+    if args.cuda_graph == "on" and not args.device.startswith("cuda"):
+        parser.error(
+            f"--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got {args.device}"
+        )
     if not args.kl_target >= 0:
         parser.error(f"--kl-target must be >= 0 (0: off), got {args.kl_target}")
     if args.kl_target and args.algo != "appo":
@@ -301,6 +307,8 @@ class Job:
     """seeds every environment and the networks"""
     device: str
     """where inference and the learner run"""
+    cuda_graph: bool
+    """the actors replay their forward pass from a CUDA graph"""
     unroll_length: int
     """T: steps per unroll"""
     queue_slots: int
@@ -376,6 +384,7 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         normalize_input=args.normalize_input,
         seed=args.seed,
         device=args.device,
+        cuda_graph=args.cuda_graph == "on",
         unroll_length=args.unroll_length,
         queue_slots=args.queue_slots or 4 * args.batch_size,
         total_frames=args.total_frames,
@@ -464,6 +473,7 @@ def run_actor(
             seed=job.seed + index,
             policy=actor_policy(job),
             bf16=actor_bf16(job),
+            graph=job.cuda_graph,
         )
         stop = lp.stop_event()
         next_report = time.monotonic()

@@ -47,6 +47,7 @@ HELP_GROUPS = {
         "learner_threads",
         "compile",
         "bf16",
+        "cuda_graph",
         "pin",
         "publish_every",
         "publish_seconds",
@@ -75,6 +76,7 @@ CHOICES = {
     "backend": ("shmpad", "gloo", "nccl", "auto"),
     "bf16": ("auto", "on", "off"),
     "pin": ("auto", "on", "off"),
+    "cuda_graph": ("on", "off"),
     "launch_type": ("local_mp", "local_mt", "test_mp", "test_mt"),
 }
 EXAMPLES = """examples:
