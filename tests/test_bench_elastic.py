@@ -7,9 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
+from bench.elastic import group
 from bench.elastic.group import Arm, Fault, run_arm
 from bench.elastic.report import figures, table
 
@@ -115,6 +118,38 @@ def test_a_learner_started_as_a_new_interpreter_trains():
     steps = [e for e in arm.events["learner0"] if e["e"] == "step"]
     assert arm.events["learner0"][0]["e"] == "up" and steps and steps[-1]["n"] == 1
     assert [e["v"] for e in steps] == list(range(1, len(steps) + 1))
+
+
+def test_an_arm_stops_as_soon_as_it_is_aborted():
+    abort = threading.Event()
+    timer = threading.Timer(1.0, abort.set)  # once the group has formed, or while it forms
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(group.Aborted, match="the clean arm was stopped: the other arm failed"):
+            group.run_arm(
+                "shmpad", peers=1, seconds=600.0, interval=600.0, kinds=("kill",), faults_on=False, width=8, batch=4,
+                stop_s=1.0, seed=0, abort=abort,
+            )  # fmt: skip
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < group.START_S + 60  # hang guard: unaborted, the arm trains for 600 s
+
+
+def test_when_one_side_by_side_arm_fails_the_other_is_stopped_and_the_failure_raised(monkeypatch):
+    seen = {}
+
+    def fake_arm(backend, *, faults_on, abort, **settings):
+        if faults_on:
+            raise group.RunFailed("learner learner0 exited with 1")
+        seen["aborted"] = abort.wait(timeout=60)  # hang guard; set at once by the failing arm
+        raise group.Aborted("stopped")
+
+    monkeypatch.setattr(group, "run_arm", fake_arm)
+    monkeypatch.setattr(group, "_fork_server", lambda: None)
+    with pytest.raises(group.RunFailed, match="learner learner0 exited with 1"):
+        group.run_arms_together("shmpad", peers=2, seconds=1.0)
+    assert seen == {"aborted": True}
 
 
 @pytest.mark.slow

@@ -51,6 +51,10 @@ class RunFailed(Exception):
     """The arm could not run to its end (a learner failed, the group never formed)."""
 
 
+class Aborted(RunFailed):
+    """The arm was stopped from outside (``run_arm``'s ``abort``)."""
+
+
 @dataclass
 class Fault:
     kind: str  # "kill" or "stop"
@@ -209,10 +213,12 @@ def run_arm(
     stop_s: float,
     seed: int,
     restart: str = "fork",
+    abort: threading.Event | None = None,
 ) -> Arm:
     """Train ``seconds`` from the group's first step; fault a member every ``interval``
     seconds if ``faults_on`` (``kinds`` in turn). ``restart``: how learners start,
-    ``"fork"`` or ``"exec"``."""
+    ``"fork"`` or ``"exec"``. Once ``abort`` is set the arm ends its learners and raises
+    ``Aborted`` within half a second."""
     arm = Arm(backend, faults_on, peers, batch)
     rng = random.Random(seed)
     broker = Broker(port=0, token=TOKEN, heartbeat_s=HEARTBEAT_S, timeout_s=TIMEOUT_S, settle_s=SETTLE_S)
@@ -230,6 +236,8 @@ def run_arm(
     def pump(until: float) -> None:
         """Collect events until ``until``; ``RunFailed`` if a learner exits by itself."""
         while True:
+            if abort is not None and abort.is_set():
+                raise Aborted(f"the {'faults' if faults_on else 'clean'} arm was stopped: the other arm failed")
             left = until - time.monotonic()
             if left <= 0:
                 return
@@ -310,16 +318,21 @@ def run_arms_together(backend: str, **settings) -> tuple[Arm, Arm]:
     """A clean arm and a faults arm at once, side by side on the same machine (two groups,
     each with its broker, run from two threads of this process): whatever the machine's
     speed does while they run (other tenants, clock changes) falls on both alike.
-    ``settings`` are ``run_arm``'s, less ``faults_on``. Returns ``(clean, faulty)``."""
+    ``settings`` are ``run_arm``'s, less ``faults_on`` and ``abort``. Returns ``(clean, faulty)``;
+    when one arm fails the other is stopped at once and the failure raised."""
     _fork_server()  # once, before two threads start learners
     arms: dict[bool, Arm] = {}
     failures: list[BaseException] = []
+    abort = threading.Event()
 
     def one(faults_on: bool) -> None:
         try:
-            arms[faults_on] = run_arm(backend, faults_on=faults_on, **settings)
+            arms[faults_on] = run_arm(backend, faults_on=faults_on, abort=abort, **settings)
+        except Aborted:
+            pass  # the other arm's failure is the one to raise
         except BaseException as e:  # re-raised in the caller's thread
             failures.append(e)
+            abort.set()
 
     threads = [threading.Thread(target=one, args=(faults_on,), name=f"arm-{faults_on}") for faults_on in (False, True)]
     for thread in threads:
