@@ -8,16 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_actors_rollout import TinyPolicy
+from test_actors_rollout import TinyPolicy, unrolls
 
-from actors import EnvConfig, EnvPool
 from actors.graphs import CapturedForward
-from actors.inference import BatchedInference
-from actors.rollout import RolloutWriter
-from actors.trajectory import trajectory_spec
-from bench.impala.train import core_state_shapes
 from learners import make_model
-from shmpad.ringbuf import TypedRing
 
 
 def _affine(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,28 +44,6 @@ def test_inputs_that_are_not_tensors_on_its_device_are_refused(inputs, message):
         CapturedForward(_affine, "cpu")(*inputs)
 
 
-def _unrolls(model_factory, graph: bool, T: int = 3) -> dict[str, np.ndarray]:
-    """Two unrolls of each of 4 CartPole environments (2 halves of 2), [4, 2 (T+1), ...] per
-    field, from a seeded run of ``BatchedInference`` with or without ``graph``."""
-    torch.manual_seed(0)
-    model = model_factory()
-    with EnvPool(EnvConfig("CartPole-v1"), 2, 2, seed=5) as pool:
-        shapes = core_state_shapes(model) if getattr(model, "use_lstm", False) else []
-        ring = TypedRing.create(trajectory_spec(pool.spec, T, core_state_shapes=shapes), capacity=16)
-        try:
-            writer = RolloutWriter(ring, 2, pool.half_size, timeout=10)
-            inference = BatchedInference(pool, model, rollouts=writer, graph=graph)
-            for _ in range(2 * (2 * T + 1)):
-                inference.step(timeout=30)
-            batches = []
-            for _ in range(2):
-                batches.append({k: v.copy() for k, v in ring.get_batch(4, timeout=10).items()})
-                ring.release()
-        finally:
-            ring.close()
-    return {f: np.concatenate([b[f] for b in batches], axis=1) for f in batches[0]}
-
-
 @pytest.mark.parametrize(
     "model_factory",
     [
@@ -82,7 +54,7 @@ def _unrolls(model_factory, graph: bool, T: int = 3) -> dict[str, np.ndarray]:
     ids=["feed-forward", "lstm", "last-action-reward"],
 )
 def test_inference_through_the_graph_path_writes_the_same_unrolls(model_factory, shm_leak_check):
-    eager, graphed = _unrolls(model_factory, graph=False), _unrolls(model_factory, graph=True)
+    eager, graphed = unrolls(model_factory=model_factory), unrolls(model_factory=model_factory, graph=True)
     assert eager.keys() == graphed.keys()
     for f in eager:
         np.testing.assert_array_equal(graphed[f], eager[f], err_msg=f)

@@ -127,13 +127,21 @@ class HostBuffersReused(BatchedInference):
         return out
 
 
-def _unrolls(inference_type: type[BatchedInference], T: int = 3) -> dict[str, np.ndarray]:
-    """Two unrolls of each of 4 environments, [4, 2 (T+1), ...] per field, from a seeded run."""
+def unrolls(
+    inference_type: type[BatchedInference] = BatchedInference, T: int = 3, model_factory=TinyPolicy, **inference_kw
+) -> dict[str, np.ndarray]:
+    """Two unrolls of each of 4 CartPole environments (2 halves of 2), [4, 2 (T+1), ...] per field,
+    from a seeded run of ``inference_type(pool, model_factory(), ..., **inference_kw)``."""
     torch.manual_seed(0)
+    model = model_factory()
     with EnvPool(EnvConfig("CartPole-v1"), 2, 2, seed=5) as pool:
-        ring = TypedRing.create(trajectory_spec(pool.spec, T), capacity=16)
+        states = (
+            [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)] if getattr(model, "use_lstm", False) else []
+        )
+        ring = TypedRing.create(trajectory_spec(pool.spec, T, core_state_shapes=states), capacity=16)
         try:
-            inference = inference_type(pool, TinyPolicy(), rollouts=RolloutWriter(ring, 2, pool.half_size, timeout=10))
+            writer = RolloutWriter(ring, 2, pool.half_size, timeout=10)
+            inference = inference_type(pool, model, rollouts=writer, **inference_kw)
             for _ in range(2 * (2 * T + 1)):
                 inference.step(timeout=30)
             batches = []
@@ -148,7 +156,7 @@ def _unrolls(inference_type: type[BatchedInference], T: int = 3) -> dict[str, np
 def test_inference_is_done_with_its_host_arrays_when_a_step_returns(shm_leak_check):
     # On CUDA the actions and logits come back as views of pinned buffers that the next step
     # overwrites; the unrolls must be those of a run whose every step has arrays of its own.
-    fresh, reused = _unrolls(BatchedInference), _unrolls(HostBuffersReused)
+    fresh, reused = unrolls(BatchedInference), unrolls(HostBuffersReused)
     assert fresh.keys() == reused.keys()
     for f in fresh:
         np.testing.assert_array_equal(reused[f], fresh[f], err_msg=f)
