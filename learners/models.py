@@ -65,12 +65,17 @@ def _frames(obs: torch.Tensor, norm: RunningNorm | None) -> torch.Tensor:
     return obs.float().mul_(1.0 / 255.0) if norm is None else norm(obs)
 
 
+_NORM_CHUNK = 256
+"""rows per chunk of ``RunningNorm.update``'s float64 sums"""
+
+
 class RunningNorm(nn.Module):
     """Each input element standardised by the mean and variance of every input ``update`` has
     seen, then clipped: ``forward(x [N, *shape]) -> clamp((x - mean) / sqrt(var + eps), -clip, clip)``,
     float32. Before any update the mean is 0 and the variance 1. The statistics are buffers, so
     they travel with the state dict (checkpoints, ``WeightStore``); ``update`` changes them in
-    place, merging each batch's moments exactly (Chan et al.'s parallel formula, in float64)."""
+    place, merging each batch's moments into them (Chan et al.'s parallel formula, in float64; a
+    batch's sums are float32 within chunks of ``_NORM_CHUNK`` rows, exact for frames)."""
 
     def __init__(self, shape: Sequence[int], eps: float = 1e-5, clip: float = 5.0):
         super().__init__()
@@ -88,11 +93,20 @@ class RunningNorm(nn.Module):
         """Merge the moments of ``x`` ``[..., *shape]`` (every leading dimension is samples)."""
         if tuple(x.shape[x.dim() - len(self.shape) :]) != self.shape:
             raise ValueError(f"RunningNorm of shape {self.shape}: got a batch of shape {tuple(x.shape)}")
-        flat = x.reshape(-1, *self.shape).double()
+        flat = x.reshape(-1, *self.shape)
         n, seen = flat.shape[0], int(self.count)
         if n == 0:
             return
-        mean, var = flat.mean(0), flat.var(0, unbiased=False)
+        # the batch's moments from sums over chunks of rows: a batch of frames as floats at once would take
+        # gigabytes (8192 stacks of 4x84x84)
+        total_sum = torch.zeros(self.shape, dtype=torch.float64, device=flat.device)
+        total_square = torch.zeros_like(total_sum)
+        for chunk in flat.split(_NORM_CHUNK):  # float32 within a chunk, float64 across chunks
+            chunk = chunk.to(torch.float32)
+            total_sum += chunk.sum(0)
+            total_square += chunk.square().sum(0)  # not in place: a float32 chunk is the caller's own rows
+        mean = total_sum / n
+        var = (total_square / n - mean.square()).clamp_(min=0.0)
         total = seen + n
         delta = mean - self.mean.double()
         merged_mean = self.mean.double() + delta * (n / total)
