@@ -34,11 +34,17 @@ from typing import Callable
 
 import torch
 
-__all__ = ["CapturedForward"]
+__all__ = ["CapturedForward", "same_device"]
 
 WARMUP_CALLS = 3
 """calls on a side stream before a capture (torch's CUDA-graph notes use 3; cuDNN's autotuner
 and lazy initialisation happen there, not in the graph)"""
+
+
+def same_device(expected: torch.device, actual: torch.device) -> bool:
+    """Whether a tensor on ``actual`` is on ``expected``: ``cuda`` (no index) is any CUDA device,
+    as a tensor's own device always has its index (``cuda:0``)."""
+    return actual.type == expected.type and (expected.index is None or actual.index == expected.index)
 
 
 class CapturedForward:
@@ -54,7 +60,7 @@ class CapturedForward:
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         for i, x in enumerate(inputs):
-            if not isinstance(x, torch.Tensor) or x.device != self.device:
+            if not isinstance(x, torch.Tensor) or not same_device(self.device, x.device):
                 raise TypeError(
                     f"CapturedForward on {self.device}: input {i} must be a tensor on {self.device}, "
                     f"got {type(x).__name__}{' on ' + str(x.device) if isinstance(x, torch.Tensor) else ''}"

@@ -141,10 +141,9 @@ class LearnerConfig:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
-        if not (isinstance(self.kl_target, (int, float)) and not isinstance(self.kl_target, bool)) or not (
-            self.kl_target >= 0
-        ):
-            raise ValueError(f"kl_target must be a number >= 0 (0: off), got {self.kl_target!r}")
+        number = isinstance(self.kl_target, (int, float)) and not isinstance(self.kl_target, bool)
+        if not number or not (math.isfinite(self.kl_target) and self.kl_target >= 0):
+            raise ValueError(f"kl_target must be a finite number >= 0 (0: off), got {self.kl_target!r}")
         if self.kl_target and self.algo != "appo":
             raise ValueError(
                 f"kl_target ({self.kl_target}) adapts the learning rate between APPO's minibatch steps: needs algo 'appo'"
@@ -401,7 +400,7 @@ class Learner:
 
     def _adapt_learning_rate(self, kl: float) -> None:
         """``kl_target``'s rule after one minibatch step whose KL estimate was ``kl``."""
-        target, rate = self.config.kl_target, self.config.learning_rate
+        target, rate = self.config.kl_target, self.scheduler.base_lrs[0]  # a checkpoint's rate, on resume
         if kl > 2 * target:
             self.lr_factor = max(self.lr_factor / KL_LR_STEP, KL_LR_BOUNDS[0] / rate)
         elif kl < target / 2:

@@ -72,7 +72,8 @@ _NORM_CHUNK = 256
 class RunningNorm(nn.Module):
     """Each input element standardised by the mean and variance of every input ``update`` has
     seen, then clipped: ``forward(x [N, *shape]) -> clamp((x - mean) / sqrt(var + eps), -clip, clip)``,
-    float32. Before any update the mean is 0 and the variance 1. The statistics are buffers, so
+    float32. Before any update the mean is 0 and the variance 1 (a prior that counts for nothing: the
+    first update replaces it). The statistics are buffers, so
     they travel with the state dict (checkpoints, ``WeightStore``); ``update`` changes them in
     place, merging each batch's moments into them (Chan et al.'s parallel formula, in float64; a
     batch's sums are float32 within chunks of ``_NORM_CHUNK`` rows, exact for frames)."""
@@ -111,8 +112,6 @@ class RunningNorm(nn.Module):
         delta = mean - self.mean.double()
         merged_mean = self.mean.double() + delta * (n / total)
         merged_var = (self.var.double() * seen + var * n + delta.square() * (seen * n / total)) / total
-        if seen == 0:  # the prior (mean 0, variance 1) counts for nothing
-            merged_mean, merged_var = mean, var
         self.mean.copy_(merged_mean)
         self.var.copy_(merged_var)
         self.count.fill_(total)

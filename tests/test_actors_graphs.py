@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_actors_rollout import TinyPolicy, unrolls
 
-from actors.graphs import CapturedForward
+from actors.graphs import CapturedForward, same_device
 from learners import make_model
 
 
@@ -30,6 +30,13 @@ def test_a_call_copies_its_inputs_and_returns_outputs_the_next_call_overwrites()
     torch.testing.assert_close(second[1], torch.zeros(3))
     third = forward(torch.ones(4, 2), torch.ones(4, 2))  # another shape: its own inputs and outputs
     assert third[0].shape == (4, 2) and third[0] is not first[0] and forward.captures == 0  # nothing captured on a CPU
+
+
+def test_a_device_without_an_index_takes_tensors_on_any_device_of_its_type():
+    cuda, cuda0, cuda1, cpu = (torch.device(d) for d in ("cuda", "cuda:0", "cuda:1", "cpu"))
+    assert same_device(cuda, cuda0) and same_device(cuda, cuda1) and same_device(cuda0, cuda0)
+    assert not same_device(cuda0, cuda1) and not same_device(cuda, cpu) and not same_device(cpu, cuda0)
+    assert same_device(cpu, torch.zeros(1).device)
 
 
 @pytest.mark.parametrize(

@@ -299,7 +299,8 @@ def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--algo", "appo", "--kl-target", "-1"], "--kl-target must be >= 0 (0: off), got -1.0"),
+        (["--algo", "appo", "--kl-target", "-1"], "--kl-target must be a finite number >= 0 (0: off), got -1.0"),
+        (["--algo", "appo", "--kl-target", "inf"], "--kl-target must be a finite number >= 0 (0: off), got inf"),
         (["--kl-target", "0.01"], "--kl-target 0.01 adapts the learning rate between APPO's minibatch steps"),
     ],
 )

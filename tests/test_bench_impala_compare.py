@@ -156,6 +156,19 @@ def test_a_run_that_logs_no_row_in_its_start_up_time_is_timed_out(tmp_path):
         proc.wait()
 
 
+def test_a_run_with_no_row_in_its_start_up_time_is_stopped_and_named(tmp_path, monkeypatch):
+    start_job = compare.start_job
+
+    def sleeper(cmd, **kw):  # a run that never logs
+        return start_job([sys.executable, "-c", "import time; time.sleep(600)"], **kw)
+
+    monkeypatch.setattr(compare, "start_job", sleeper)
+    monkeypatch.setattr(compare, "STARTUP_S", 1.0)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match=r"logged no row within 1 s of its start; see .*run\.log"):
+        compare.run_one([], str(out), 5.0)
+
+
 def test_session_members_are_read_from_proc():
     assert os.getpid() in _session_members(os.getsid(0))
     assert _session_members(2**22 + 12345) == []  # above pid_max's default: no such session

@@ -279,12 +279,13 @@ def test_appo_kl_target_adapts_the_learning_rate_after_every_minibatch_step(ring
     assert learner.lr_factor == pytest.approx(KL_LR_STEP**4)
     assert learner.statistics().learning_rate == pytest.approx(1e-4 * KL_LR_STEP**4)  # no linear decay on top
     learner.save(str(tmp_path / "ckpt.pt"))
-    resumed = _learner(ring, algo="appo", epochs=2, minibatches=2, learning_rate=1e-4, kl_target=10.0)
+    resumed = _learner(ring, algo="appo", epochs=2, minibatches=2, learning_rate=5e-4, kl_target=10.0)
     resumed.load(str(tmp_path / "ckpt.pt"))
     assert resumed.lr_factor == pytest.approx(KL_LR_STEP**4)
     # the rule itself: down when over twice the target, unchanged between, and within KL_LR_BOUNDS
     resumed._adapt_learning_rate(20.1)
     assert resumed.lr_factor == pytest.approx(KL_LR_STEP**3)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 * KL_LR_STEP**3)  # the checkpoint's rate
     resumed._adapt_learning_rate(10.0)
     assert resumed.lr_factor == pytest.approx(KL_LR_STEP**3)
     for _ in range(100):
@@ -326,7 +327,12 @@ def test_a_models_input_statistics_follow_every_batch_and_are_published(ring, al
     "kw, error, match",
     [
         (dict(algo="ppo"), ValueError, "algo must be 'impala' or 'appo', got 'ppo'"),
-        (dict(algo="appo", kl_target=-0.01), ValueError, r"kl_target must be a number >= 0 \(0: off\), got -0.01"),
+        (
+            dict(algo="appo", kl_target=-0.01),
+            ValueError,
+            r"kl_target must be a finite number >= 0 \(0: off\), got -0.01",
+        ),
+        (dict(algo="appo", kl_target=float("inf")), ValueError, "kl_target must be a finite number >= 0 .* got inf"),
         (dict(kl_target=0.01), ValueError, "kl_target .* needs algo 'appo'"),
         (dict(algo="appo", epochs=0), ValueError, "epochs must be >= 1, got 0"),
         (dict(algo="appo", epochs=1.5), TypeError, "epochs must be an int, got float 1.5"),

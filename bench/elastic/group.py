@@ -337,8 +337,13 @@ def run_arms_together(backend: str, **settings) -> tuple[Arm, Arm]:
     threads = [threading.Thread(target=one, args=(faults_on,), name=f"arm-{faults_on}") for faults_on in (False, True)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    finally:  # also on Ctrl+C here: the arms end their learners instead of running on
+        abort.set()
+        for thread in threads:
+            thread.join()
     if failures:
         raise failures[0]
     return arms[False], arms[True]

@@ -133,11 +133,12 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
     cmd = [sys.executable, "-m", "bench.impala", *flags, "--out", out]
     with open(os.path.join(os.path.dirname(out), os.path.basename(out) + ".log"), "w") as log:
         proc = start_job(cmd, stdout=log)  # SIGINT at its default: the stop below reaches it
-        stopped = False
+        stopped = started = False
         try:
             try:
                 if seconds:
                     _await_first_row(proc, os.path.join(out, rundir.LOG), STARTUP_S)
+                started = True
                 proc.wait(seconds or None)
             except subprocess.TimeoutExpired:
                 stopped = True
@@ -150,6 +151,8 @@ def run_one(flags: list[str], out: str, seconds: float) -> dict:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 _await_session_end(proc.pid)
+    if not started:
+        raise RuntimeError(f"{shlex.join(cmd)} logged no row within {STARTUP_S:g} s of its start; see {log.name}")
     if proc.returncode != 0 and not stopped:
         with open(log.name) as f:
             tail = f.read()[-3000:]

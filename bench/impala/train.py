@@ -32,6 +32,7 @@ as the machine has cores; ``--device cuda`` puts inference and the learner on a 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -209,8 +210,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         parser.error(
             f"--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got {args.device}"
         )
-    if not args.kl_target >= 0:
-        parser.error(f"--kl-target must be >= 0 (0: off), got {args.kl_target}")
+    if not (math.isfinite(args.kl_target) and args.kl_target >= 0):
+        parser.error(f"--kl-target must be a finite number >= 0 (0: off), got {args.kl_target}")
     if args.kl_target and args.algo != "appo":
         parser.error(
             f"--kl-target {args.kl_target} adapts the learning rate between APPO's minibatch steps: use --algo appo"
@@ -621,7 +622,13 @@ def prepare_run(args: Args, job: Job) -> int | None:
     if job.resume:
         spec = job.env.spec()
         model = build_model(job, spec.obs_shape, spec.num_actions)
-        frames = rundir.check_checkpoint(job.out, model, f"--env {args.env} --model {args.model}")
+        built = [f"--env {args.env}", f"--model {args.model}"]
+        built += [
+            f"--{k.replace('_', '-')}"
+            for k in ("use_lstm", "last_action_reward", "normalize_input")
+            if getattr(args, k)
+        ]
+        frames = rundir.check_checkpoint(job.out, model, " ".join(built))
     rundir.write_config(job.out, config)
     return frames
 

@@ -6,9 +6,10 @@
 rl_games prints a line per epoch (``... epoch: 130/500``) and, once it keeps checkpoints, a line
 each time the mean return over its last 100 games beats its best so far (``saving next best
 rewards:  [18.07]``). Each such line becomes a point: the frames at the end of that epoch
-(epochs x agent steps per epoch x frame skip) and the new best mean. The points are the curve's
-running maximum, recorded where it rose: the first point at or above a target is where the mean
-first reached it, at most one epoch late, and between points the curve may have dipped.
+(epochs x agent steps per epoch x frame skip) and the new best mean. From its first such line on
+(rl_games starts them at ``save_best_after``, and the first is the mean then), the points are the
+curve's running maximum, recorded where it rose: the first point at or above a target is where
+the mean first reached it, at most one epoch late, and between points the curve may have dipped.
 
 The input is the log as text, or a Jupyter notebook whose cells' printed outputs hold it. The
 output is a CSV of ``frames,mean_return``, which ``python -m bench.learn.overlay`` draws beside
