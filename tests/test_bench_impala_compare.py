@@ -169,6 +169,13 @@ def test_a_run_with_no_row_in_its_start_up_time_is_stopped_and_named(tmp_path, m
         compare.run_one([], str(out), 5.0)
 
 
+def test_a_stopped_run_gets_longer_than_its_nodes_notice():
+    from bench.impala import train
+    from bench.soak.__main__ import STOP_GRACE_S as SOAK_GRACE_S
+
+    assert compare.STOP_GRACE_S > train.STOP_NOTICE_S and SOAK_GRACE_S > train.STOP_NOTICE_S
+
+
 def test_session_members_are_read_from_proc():
     assert os.getpid() in _session_members(os.getsid(0))
     assert _session_members(2**22 + 12345) == []  # above pid_max's default: no such session

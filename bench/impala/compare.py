@@ -42,8 +42,9 @@ from bench.impala import rundir, train
 
 __all__ = ["main", "steady", "parse_args"]
 
-STOP_GRACE_S = 60.0
-"""how long a run stopped with SIGINT may take to write its checkpoint and exit"""
+STOP_GRACE_S = 150.0
+"""how long a run stopped with SIGINT may take to write its checkpoint and exit (more than the
+job's own notice to its nodes, ``bench.impala.train.STOP_NOTICE_S``)"""
 STARTUP_S = 600.0
 """how long a run with ``--seconds`` may take to write its first log row"""
 SESSION_END_S = 15.0

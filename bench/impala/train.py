@@ -609,6 +609,11 @@ def local_resources(plan: Plan) -> dict[str, lp.PythonProcess]:
     return {"learner": lp.PythonProcess(cpus=learner), "actor": lp.PythonProcess(cpus=actors)}
 
 
+STOP_NOTICE_S = 120.0
+"""how long the nodes have to stop after Ctrl+C before they are killed: the learner ends its update
+and writes its checkpoint. An APPO update of 64 x 128 Pong steps took 38-48 s on one shared core
+(docs/results/pong-rl-games-cpu), longer than launch's default notice of 10 s; a second Ctrl+C kills at once."""
+
 IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space", "normalize_input")
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
@@ -654,7 +659,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         program = build_program(job)
         manager = lp.launch(
-            program, launch_type=args.launch_type, local_resources=local_resources(job.plan), top=args.top
+            program,
+            launch_type=args.launch_type,
+            local_resources=local_resources(job.plan),
+            top=args.top,
+            termination_notice_secs=STOP_NOTICE_S,
         )
         manager.wait()
     finally:

@@ -34,7 +34,7 @@ from bench.common.jobs import exit_on_sigterm, start_job
 from bench.soak.tree import Sample, Tree
 
 DEFAULT_JOB = f"{sys.executable} -m bench.impala --total-frames 1000000000000"
-STOP_GRACE_S = 60.0
+STOP_GRACE_S = 150.0
 LEFTOVER_WAIT_S = 10.0  # after the job's first process ended, for the rest of its tree to follow
 
 
