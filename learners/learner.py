@@ -263,6 +263,12 @@ class Learner:
         total_updates = math.ceil(config.total_frames / self.frames_per_update) if config.total_frames else 0
         self._obs_norm = getattr(getattr(model, "torso", None), "obs_norm", None)
         """the model's input statistics (``learners.models.RunningNorm``), updated from every batch before its loss"""
+        self._value_norm = getattr(model, "value_norm", None)
+        """the statistics of the value targets, for a model whose baseline predicts them standardised (APPO)"""
+        if self._value_norm is not None and config.algo != "appo":
+            raise ValueError(
+                f"a model that predicts standardised values (normalize_value) needs algo 'appo', got {config.algo!r}"
+            )
         self.lr_factor = 1.0
         """the learning rate over ``config.learning_rate`` that ``kl_target`` has set (1.0 without it)"""
         if config.kl_target:
@@ -411,10 +417,15 @@ class Learner:
     @torch.no_grad()
     def _appo_targets(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """V-trace's ``vs`` and advantages from the learner's weights before the batch's first
-        step, with its log-probabilities and baseline then (the proximal policy and old values)."""
+        step, with its log-probabilities and baseline then (the proximal policy and old values).
+        With a model that predicts standardised values, V-trace runs on the values in returns'
+        units, the statistics then take in the batch's ``vs``, and ``vs`` and the old values are
+        returned standardised by them (what the baseline head is trained to predict)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
             out = self.forward(batch)  # logits [T+1, B, A], baseline [T+1, B]
         logits, baseline = out.policy_logits.float(), out.baseline.float()
+        if self._value_norm is not None:
+            baseline = self._value_norm.denormalize(baseline)
         actions = batch["action"][:-1].long()  # [T, B]
         rewards = clip_rewards(batch["reward"][1:].to(baseline.dtype), self.config.reward_clip)  # [T, B]
         discounts = (~batch["done"][1:].bool()).to(baseline.dtype) * self.config.discount
@@ -428,11 +439,15 @@ class Learner:
             baseline[-1],
             lambda_=self.config.vtrace_lambda,
         )
+        vs, values = returns.vs, baseline[:-1]
+        if self._value_norm is not None:
+            self._value_norm.update(vs)
+            vs, values = self._value_norm(vs), self._value_norm(values)
         return {
-            "vs": returns.vs,
+            "vs": vs,
             "advantages": returns.pg_advantages,
             "log_probs": action_log_probs(logits[:-1], actions),
-            "values": baseline[:-1],
+            "values": values,
         }
 
     def _appo_loss(

@@ -89,6 +89,10 @@ class RunningNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ((x.float() - self.mean) * torch.rsqrt(self.var + self.eps)).clamp_(-self.clip, self.clip)
 
+    def denormalize(self, y: torch.Tensor) -> torch.Tensor:
+        """``forward``'s inverse (where it did not clip): ``y * sqrt(var + eps) + mean``."""
+        return y.float() * torch.sqrt(self.var + self.eps) + self.mean
+
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Merge the moments of ``x`` ``[..., *shape]`` (every leading dimension is samples)."""
@@ -232,6 +236,11 @@ class ActorCritic(nn.Module):
     the action taken before ``obs[t, b]``) and ``reward`` ``[T, B]`` (what that action
     earned); they are concatenated to the torso's features as ``[clip(reward, -1, 1),
     one_hot(last_action)]``, so the core and heads take ``features + 1 + num_actions``.
+
+    With ``normalize_value`` the baseline head predicts the value standardised by running
+    statistics of the learner's value targets (``value_norm``, a ``RunningNorm`` that the
+    learner updates; rl_games' ``normalize_value``): ``value_norm.denormalize(baseline)`` is the
+    value in returns' units.
     """
 
     def __init__(
@@ -241,6 +250,7 @@ class ActorCritic(nn.Module):
         use_lstm: bool = False,
         lstm_layers: int = 1,
         last_action_reward: bool = False,
+        normalize_value: bool = False,
     ):
         super().__init__()
         if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
@@ -259,6 +269,7 @@ class ActorCritic(nn.Module):
         heads = features if use_lstm else inputs
         self.policy = nn.Linear(heads, num_actions)
         self.baseline = nn.Linear(heads, 1)
+        self.value_norm = RunningNorm(()) if normalize_value else None
 
     @property
     def use_lstm(self) -> bool:
@@ -360,11 +371,13 @@ def make_model(
     last_action_reward: bool = False,
     init: Literal["torch", "orthogonal"] = "torch",
     normalize_input: bool = False,
+    normalize_value: bool = False,
 ) -> ActorCritic:
     """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``);
     ``use_lstm`` and ``last_action_reward`` as ``ActorCritic``'s; ``init``: torch's default initialisation of
     each layer, or ``orthogonal_init``'s; ``normalize_input``: the torso standardises its inputs by running
-    statistics (``RunningNorm``, at ``model.torso.obs_norm``) instead of scaling frames by 1/255."""
+    statistics (``RunningNorm``, at ``model.torso.obs_norm``) instead of scaling frames by 1/255;
+    ``normalize_value``: as ``ActorCritic``'s."""
     if init not in ("torch", "orthogonal"):
         raise ValueError(f"init must be 'torch' or 'orthogonal', got {init!r}")
     if kind == "shallow":
@@ -377,5 +390,7 @@ def make_model(
         torso = MLPTorso(obs_shape[0], normalize=normalize_input)
     else:
         raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {kind!r}")
-    model = ActorCritic(torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward)
+    model = ActorCritic(
+        torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward, normalize_value=normalize_value
+    )
     return orthogonal_init(model) if init == "orthogonal" else model

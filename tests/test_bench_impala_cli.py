@@ -329,3 +329,12 @@ def test_cuda_graph_reaches_the_actors_and_is_refused_without_a_gpu(capsys):
     assert "--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got cpu" in (
         capsys.readouterr().err
     )
+
+
+def test_normalize_value_builds_a_model_with_value_statistics_for_appo_only(capsys):
+    job = train.resolve(train.parse_args(["--algo", "appo", "--normalize-value"]))
+    assert job.normalize_value and train.build_model(job, (4, 84, 84), 6).value_norm is not None
+    with pytest.raises(SystemExit):
+        train.parse_args(["--normalize-value"])
+    assert "--normalize-value standardises APPO's value targets: use --algo appo" in capsys.readouterr().err
+    assert "normalize_value" in train.IDENTITY

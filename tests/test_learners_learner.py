@@ -7,6 +7,8 @@ the same update as of unrolls over a whole batch, bad settings named."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -321,6 +323,33 @@ def test_a_models_input_statistics_follow_every_batch_and_are_published(ring, al
         assert int(actor.torso.obs_norm.count) == B * T
     finally:
         store.close()
+
+
+def test_appo_with_standardised_values_runs_v_trace_in_returns_units_and_learns_the_standardised_targets(ring):
+    torch.manual_seed(0)
+    model = make_model("mlp", OBS, A, normalize_value=True)
+    plain = make_model("mlp", OBS, A)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("value_norm.")})
+    with torch.no_grad():
+        model.value_norm.update(torch.tensor([3.0, 5.0, 7.0]))  # mean 5, variance 8/3: a head output of 0 means 5
+    config = LearnerConfig(batch_size=B, algo="appo")
+    normed, reference = Learner(model, ring, config), Learner(plain, ring, config)
+    _fill(ring, B, 0)
+    batch = {k: v.transpose(0, 1) for k, v in ring.get_batch(B, timeout=5, torch=True).items()}  # [T+1, B, ...]
+    ring.release()
+    with torch.no_grad():
+        plain.baseline.weight.mul_(
+            math.sqrt(8 / 3 + 1e-5)
+        )  # the plain model's values are the other's, in returns' units
+        plain.baseline.bias.mul_(math.sqrt(8 / 3 + 1e-5)).add_(5.0)
+    got, want = normed._appo_targets(batch), reference._appo_targets(batch)
+    torch.testing.assert_close(got["advantages"], want["advantages"])
+    norm = model.value_norm
+    assert int(norm.count) == 3 + T * B  # the batch's targets joined the statistics
+    torch.testing.assert_close(got["vs"], norm(want["vs"]))
+    torch.testing.assert_close(got["values"], norm(want["values"]))
+    with pytest.raises(ValueError, match="normalize_value\\) needs algo 'appo', got 'impala'"):
+        Learner(make_model("mlp", OBS, A, normalize_value=True), ring, LearnerConfig(batch_size=B))
 
 
 @pytest.mark.parametrize(

@@ -294,6 +294,7 @@ def test_running_norm_merges_batches_exactly_and_standardises_with_a_clip():
     x = torch.randn(4, 3, generator=gen)
     expected = ((x - seen.mean(0)) / torch.sqrt(seen.var(0, unbiased=False) + 1e-5)).clamp(-5, 5)
     torch.testing.assert_close(norm(x), expected)
+    torch.testing.assert_close(norm.denormalize(norm(x)), x)  # the inverse, where nothing was clipped
     with pytest.raises(ValueError, match=r"RunningNorm of shape \(3,\): got a batch of shape \(4, 2\)"):
         norm.update(torch.zeros(4, 2))
 

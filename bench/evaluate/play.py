@@ -72,6 +72,7 @@ def load_run(folder: str) -> tuple[dict[str, Any], EnvConfig, torch.nn.Module, i
         use_lstm=bool(config.get("use_lstm")),
         last_action_reward=bool(config.get("last_action_reward")),
         normalize_input=bool(config.get("normalize_input")),
+        normalize_value=bool(config.get("normalize_value")),
     )
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])

@@ -117,6 +117,8 @@ class Args:
     """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
     full_action_space: bool = False
     """Atari: all 18 actions instead of the game's minimal set"""
+    normalize_value: bool = False
+    """appo: the baseline predicts values standardised by running statistics of the value targets, which the learner updates from each batch (rl_games' normalize_value)"""
     normalize_input: bool = False
     """standardise every input element (pixel) by running statistics that the learner updates from each batch, instead of scaling frames by 1/255 (rl_games' normalize_input)"""
     queue_slots: int = 0
@@ -235,6 +237,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         )
     if args.algo == "appo" and args.peers:
         parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
+    if args.normalize_value and args.algo != "appo":
+        parser.error("--normalize-value standardises APPO's value targets: use --algo appo")
     if args.normalize_input and args.peers:
         parser.error("--normalize-input keeps input statistics per learner; a group's learners (--peers) would differ")
     if args.min_peers < 1:
@@ -304,6 +308,8 @@ class Job:
     """the core and heads also see the previous action and the clipped reward"""
     normalize_input: bool
     """the torso standardises its inputs by running statistics"""
+    normalize_value: bool
+    """the baseline predicts standardised values"""
     seed: int
     """seeds every environment and the networks"""
     device: str
@@ -383,6 +389,7 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         use_lstm=args.use_lstm,
         last_action_reward=args.last_action_reward,
         normalize_input=args.normalize_input,
+        normalize_value=args.normalize_value,
         seed=args.seed,
         device=args.device,
         cuda_graph=args.cuda_graph == "on",
@@ -407,6 +414,7 @@ def build_model(job: Job, obs_shape, num_actions: int):
         last_action_reward=job.last_action_reward,
         init=job.init,
         normalize_input=job.normalize_input,
+        normalize_value=job.normalize_value,
     )
 
 
@@ -614,7 +622,15 @@ STOP_NOTICE_S = 120.0
 and writes its checkpoint. An APPO update of 64 x 128 Pong steps took 38-48 s on one shared core
 (docs/results/pong-rl-games-cpu), longer than launch's default notice of 10 s; a second Ctrl+C kills at once."""
 
-IDENTITY = ("env", "model", "use_lstm", "last_action_reward", "full_action_space", "normalize_input")
+IDENTITY = (
+    "env",
+    "model",
+    "use_lstm",
+    "last_action_reward",
+    "full_action_space",
+    "normalize_input",
+    "normalize_value",
+)
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
 

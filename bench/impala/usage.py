@@ -18,7 +18,7 @@ __all__ = ["CHOICES", "EXAMPLES", "HELP_GROUPS", "advice", "publishing", "summar
 
 HELP_GROUPS = {
     "environment": ["env", "full_action_space", "seed"],
-    "model": ["model", "init", "use_lstm", "last_action_reward", "normalize_input"],
+    "model": ["model", "init", "use_lstm", "last_action_reward", "normalize_input", "normalize_value"],
     "learning": [
         "total_frames",
         "unroll_length",
