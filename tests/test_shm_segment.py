@@ -427,3 +427,37 @@ def test_child_forked_before_the_first_segment_keeps_it_too(shm_leak_check):
         if child is not None:
             helpers.kill_pid(child)
         helpers.kill_and_reap(proc)
+
+
+def test_a_generated_name_reaches_the_janitor_before_the_segment_exists(shm_leak_check, monkeypatch):
+    # a SIGKILL between creating a segment and registering it would leak it: the janitor hears first
+    from shmpad.shm import janitor, segment
+
+    events = []
+    real_register, real_unregister, real_open = janitor.register, janitor.unregister, posix_ipc.SharedMemory
+    monkeypatch.setattr(janitor, "register", lambda name: (events.append(("register", name)), real_register(name)))
+    monkeypatch.setattr(
+        janitor, "unregister", lambda name: (events.append(("unregister", name)), real_unregister(name))
+    )
+
+    def shm_open(name, *a, **kw):
+        events.append(("create", name))
+        return real_open(name, *a, **kw)
+
+    monkeypatch.setattr(segment.posix_ipc, "SharedMemory", shm_open)
+    seg = Segment.create("raw", {}, 64)
+    try:
+        assert [e for e, n in events if n == seg.name] == ["register", "create"]
+    finally:
+        seg.close()
+    events.clear()
+    given = f"/{PREFIX}given.{os.getpid()}"
+    seg = Segment.create("raw", {}, 64, name=given)
+    try:  # a name given may be another program's: registered only once this process made it
+        assert [e for e, n in events if n == given] == ["create", "register"]
+        events.clear()
+        with pytest.raises(SegmentError, match="already exists"):
+            Segment.create("raw", {}, 64, name=given)
+        assert [e for e, n in events if n == given] == ["create"]
+    finally:
+        seg.close()

@@ -197,21 +197,29 @@ class Segment:
         data_offset = round_up(HEADER_BYTES + len(meta_raw), PAGE)
         size = data_offset + round_up(max(data_bytes, 1), PAGE)
         pid = os.getpid()
-        name = f"/{PREFIX}{pid}.{next(_counter)}.{secrets.token_hex(4)}" if name is None else _checked_name(name)
+        generated = name is None
+        name = f"/{PREFIX}{pid}.{next(_counter)}.{secrets.token_hex(4)}" if generated else _checked_name(name)
         room = _free_bytes()
         if room is not None and size > room[0]:
             raise _does_not_fit(name, size, "not enough free space")
+        if generated:  # before it exists: a SIGKILL between creating it and registering it must not leak it
+            janitor.register(name)  # (a name given may be another program's, which the janitor must never unlink)
         try:
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
-        except posix_ipc.ExistentialError:
-            if not os.path.isdir(SHM_DIR):  # shm_open says ENOENT, which posix_ipc words as "exists"
-                raise _no_room_at_all(name, f"{SHM_DIR} does not exist") from None
-            raise SegmentError(f"shared-memory segment {name!r} already exists") from None
-        except (OSError, posix_ipc.Error) as e:  # read-only, not permitted, no tmpfs (ENOSYS)
-            raise _no_room_at_all(name, getattr(e, "strerror", None) or str(e)) from None
+        except BaseException as e:
+            if generated:
+                janitor.unregister(name)
+            if isinstance(e, posix_ipc.ExistentialError):
+                if not os.path.isdir(SHM_DIR):  # shm_open says ENOENT, which posix_ipc words as "exists"
+                    raise _no_room_at_all(name, f"{SHM_DIR} does not exist") from None
+                raise SegmentError(f"shared-memory segment {name!r} already exists") from None
+            if isinstance(e, (OSError, posix_ipc.Error)):  # read-only, not permitted, no tmpfs (ENOSYS)
+                raise _no_room_at_all(name, getattr(e, "strerror", None) or str(e)) from None
+            raise
         with _owned_lock:
             _owned[name] = pid
-        janitor.register(name)
+        if not generated:
+            janitor.register(name)
         try:
             try:
                 os.ftruncate(shm.fd, size)
