@@ -66,7 +66,7 @@ def _frames(obs: torch.Tensor, norm: RunningNorm | None) -> torch.Tensor:
 
 
 _NORM_CHUNK = 256
-"""rows per chunk of ``RunningNorm.update``'s float64 sums"""
+"""rows per chunk of ``RunningNorm.update``'s sums (float32 within a chunk: 256 x 255^2 is exact below 2^24)"""
 
 
 class RunningNorm(nn.Module):
