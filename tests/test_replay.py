@@ -6,10 +6,11 @@ arriving whole."""
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
-from helpers import Forked
+from helpers import Forked, wait_until
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -17,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from shmpad import Timeout
 from shmpad import replay as rp
 from shmpad.errors import Closed
+from shmpad.replay import index, lock
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("shm_leak_check")]
 
@@ -87,6 +89,83 @@ def test_a_seeded_table_draws_the_same_samples_in_every_process_that_creates_it(
         assert attached.sample(50).data["id"].tolist() != a.sample(50).data["id"].tolist()
     finally:
         attached.close()
+
+
+def _named_draws(segment: str, seed: int, stream: str) -> list[int]:
+    attached = rp.Table.attach(segment, seed=seed, stream=stream)
+    try:
+        return attached.sample(50).data["id"].tolist()
+    finally:
+        attached.close()
+
+
+def test_a_handle_attached_with_a_stream_name_draws_the_same_samples_in_any_process(make_table):
+    """What a ReplayNode's client relies on to sample the same in every run: the node's
+    name, not its pid, keys its draws."""
+    a = make_table(seed=3)
+    for i in range(10):
+        a.insert(item(i))
+    child = Forked(_named_draws, a.segment, 3, "learner/0")
+    try:
+        in_child = child.result(60)
+    finally:
+        child.kill()
+    assert in_child == _named_draws(a.segment, 3, "learner/0")
+    assert in_child != _named_draws(a.segment, 3, "learner/1")  # another name, another stream
+    assert in_child != _named_draws(a.segment, 4, "learner/0")  # another seed, another stream
+    assert in_child != _seeded_draws(3)  # not the creator's stream either
+    with pytest.raises(TypeError, match="stream must be a str"):
+        rp.Table.attach(a.segment, seed=3, stream=7)
+
+
+def _exit_holding_the_lock(segment: str) -> None:
+    t = rp.Table.attach(segment)
+    assert lock.acquire(t._ctl) is False  # and the process exits without releasing it
+
+
+def _insert_through_another_handle(table, i: int) -> None:
+    """Insert without drawing from ``table``'s own stream (an insert draws for the remover)."""
+    other = rp.Table.attach(table.segment)
+    try:
+        other.insert(item(i))
+    finally:
+        other.close()
+
+
+def _same_tables(make_table, rate_limiter=None, items=10):
+    a, b = (make_table(rate_limiter=rate_limiter, seed=5) for _ in range(2))
+    for t in (a, b):
+        for i in range(items):
+            t.insert(item(i))
+    return a, b
+
+
+def test_a_seeded_sample_draws_the_same_after_taking_the_lock_from_a_dead_holder(make_table):
+    """A sample that meets a busy lock keeps its draws: the table's samples do not depend
+    on who held the lock when (as a lock-step run's learner needs)."""
+    a, b = _same_tables(make_table)
+    child = Forked(_exit_holding_the_lock, a.segment)
+    try:
+        child.result(60)
+    finally:
+        child.kill()
+    assert a._ctl[index.LOCK] == child.pid  # the sample meets a busy lock, for sure
+    assert a.sample(50).data["id"].tolist() == b.sample(50).data["id"].tolist()
+    assert a.info().lock_recoveries == 1
+
+
+def test_a_seeded_sample_draws_the_same_after_waiting_for_the_rate_limiter(make_table):
+    a, b = _same_tables(make_table, rp.MinSize(3), items=2)
+    _insert_through_another_handle(b, 2)
+    result = []
+    sampler = threading.Thread(target=lambda: result.append(a.sample(50, timeout=60).data["id"].tolist()))
+    sampler.start()
+    try:  # the sample sleeps on the table's change event, held back by MinSize(3)
+        assert wait_until(lambda: a._ctl[index.EV_CHANGED + 1] == 1, 60)
+        _insert_through_another_handle(a, 2)
+    finally:
+        sampler.join(60)
+    assert result == [b.sample(50).data["id"].tolist()]
 
 
 @pytest.mark.parametrize("exponent", [1.0, 0.6, 0.0])

@@ -5,6 +5,7 @@ program; bad tables and calls refused by name."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,48 @@ def test_a_periodically_checkpointing_node_checkpoints_when_the_program_stops(la
     run(program, launch_type).wait()
     with np.load(tmp_path / "prioritized.npz") as z:
         assert z["field:id"].tolist() == list(range(7))
+
+
+def seeded_table():
+    return [rp.Table("t", SPEC, 100, rp.Uniform(), rp.Fifo(), rp.MinSize(1), seed=7)]
+
+
+def fill_then_release(replay, drawers):
+    for i in range(10):
+        replay.insert(item(i))
+    for d in drawers:
+        d.go()
+
+
+class Drawer:
+    """Draws 50 samples once the filler has inserted all it inserts."""
+
+    def __init__(self, replay, out):
+        self._replay, self._out = replay, out
+        self._go = threading.Event()
+
+    def go(self):
+        self._go.set()
+
+    def run(self):
+        assert self._go.wait(60)
+        Path(self._out).write_text(json.dumps(self._replay.sample("t", 50, timeout=60).data["id"].tolist()))
+
+
+def draws(run, launch_type, tmp_path, names):
+    program = lp.Program("seeded")
+    replay = program.add_node(lp.ReplayNode(seeded_table), "replay")
+    drawers = [program.add_node(lp.CourierNode(Drawer, replay, str(tmp_path / name)), name) for name in names]
+    program.add_node(lp.PyNode(fill_then_release, replay, drawers), "filler")
+    run(program, launch_type).wait()
+    return {name: json.loads((tmp_path / name).read_text()) for name in names}
+
+
+@pytest.mark.parametrize("launch_type", ["local_mt", "local_mp"])
+def test_a_seeded_tables_clients_draw_a_stream_per_node_the_same_every_run(launch_type, run, tmp_path):
+    first = draws(run, launch_type, tmp_path, ["learner", "evaluator"])
+    assert first["learner"] != first["evaluator"]  # two nodes, two streams (one process or two)
+    assert draws(run, launch_type, tmp_path, ["learner", "evaluator"]) == first  # and the same next run
 
 
 def test_bad_nodes_and_calls_are_refused(run):

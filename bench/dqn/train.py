@@ -23,9 +23,10 @@ weights each action uses. --lockstep takes the scheduler out of it (one actor): 
 update u samples once the table holds exactly ``learning_starts + u / updates_per_step``
 transitions, and the actor's next step waits for the weights that update publishes, so the
 policy lag and the table's contents at each update are the same on any machine, however
-loaded. The replay draws are still the learner process's own (a replay node's client
-attaches its tables unseeded), so two runs differ by those draws alone. It is slower (the
-two take turns); tests use it.
+loaded; the replay table's draws are seeded (the learner's client draws the stream of
+--seed and its node's name) and do not depend on who held the table's lock when, so a
+lock-step run repeats itself exactly on one machine (another CPU may round the network's
+arithmetic differently). It is slower (the two take turns); tests use it.
 """
 
 from __future__ import annotations
@@ -161,17 +162,27 @@ class Actor:
             action = int(self._policy.select_action(obs.astype(np.float32), epsilon))
             next_obs, reward, terminated, truncated, _ = env.step(action)
             transition = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs, "done": terminated}
-            try:
-                self._replay.insert(transition, priority=1.0, timeout=1.0)
-            except lp.Timeout:
-                continue  # the rate limiter waits for the learner; look at stop again
-            except lp.Closed:
-                return
+            if not self._insert(transition):
+                break
             obs = next_obs
             steps += 1
             if terminated or truncated:
                 obs, _ = env.reset()
         env.close()
+
+    def _insert(self, transition: dict) -> bool:
+        """Insert ``transition``, however long the rate limiter holds it back (the
+        environment has taken the step: dropping it would lose it); False once the program
+        stops."""
+        while True:
+            try:
+                self._replay.insert(transition, priority=1.0, timeout=1.0)
+                return True
+            except lp.Timeout:  # the rate limiter waits for the learner; look at stop again
+                if lp.wait_for_stop(0):
+                    return False
+            except lp.Closed:
+                return False
 
     def _wait_for_learner(self, step: int) -> bool:
         """Whether the learner has published the weights of every update it makes before

@@ -4,7 +4,9 @@ The launcher calls ``tables_fn()`` before any node starts: the tables it returns
 in shared memory, owned by the launching process, and are loaded from
 ``checkpoint_dir`` when a checkpoint of them is there. A node given the handle gets a
 ``ReplayClient`` that attaches every table in its own process: its inserts and samples
-touch the shared memory directly, with no server on the way. With
+touch the shared memory directly, with no server on the way. A seeded table's client
+draws a stream of its own, named by its node (``learner/0``), so that a node's samples
+are the same every run where what it inserts and when are. With
 ``checkpoint_minutes`` the node runs, checkpointing every table that often and once
 more when the program stops. When the program stops, the tables close (a call waiting
 on a rate limiter raises ``Closed``); they are removed when it has ended.
@@ -17,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shmpad._checks import check_number, type_name
-from shmpad.context import wait_for_stop
+from shmpad.context import current_or_none, wait_for_stop
 from shmpad.nodes.base import Handle, Node
 from shmpad.replay import SampleBatch, Table, TableInfo, Writer
 
@@ -27,13 +29,16 @@ __all__ = ["ReplayNode", "ReplayClient"]
 class ReplayClient:
     """A node's view of a ``ReplayNode``'s tables, by name."""
 
-    def __init__(self, segments: Mapping[str, str], checkpoint_dir: str | None):
+    def __init__(
+        self, segments: Mapping[str, str], checkpoint_dir: str | None, seeds: Mapping[str, int | None] | None = None
+    ):
         self._segments = dict(segments)
+        self._seeds = dict(seeds or {})
         self._tables: dict[str, Table] = {}
         self._checkpoint_dir = checkpoint_dir
 
     def __reduce__(self):
-        return (ReplayClient, (self._segments, self._checkpoint_dir))
+        return (ReplayClient, (self._segments, self._checkpoint_dir, self._seeds))
 
     @property
     def tables(self) -> list[str]:
@@ -47,7 +52,9 @@ class ReplayClient:
                 raise TypeError(f"table must be a table's name (a str), got {type_name(name)}")
             if name not in self._segments:
                 raise ValueError(f"unknown replay table {name!r}: the tables are {sorted(self._segments)}")
-            t = self._tables[name] = Table.attach(self._segments[name])
+            ctx = current_or_none()  # the node this client serves names its stream of draws
+            stream = None if ctx is None else ctx.node_name
+            t = self._tables[name] = Table.attach(self._segments[name], self._seeds.get(name), stream=stream)
         return t
 
     def _only_table(self) -> str:
@@ -118,7 +125,7 @@ class _ReplayHandle(Handle):
         self._node = node
 
     def dereference(self) -> ReplayClient:
-        return ReplayClient(self._node.segments, self._node.checkpoint_dir)
+        return ReplayClient(self._node.segments, self._node.checkpoint_dir, self._node.seeds)
 
     def release(self, dereferenced: ReplayClient) -> None:
         dereferenced.close()
@@ -153,14 +160,22 @@ class ReplayNode(Node):
     def create_handle(self) -> Handle:
         return self._track_handle(_ReplayHandle(self))
 
-    @property
-    def segments(self) -> dict[str, str]:
+    def _made(self) -> list[Table]:
         if self._tables is None:
             raise RuntimeError(
                 f"{self!r} has no tables yet: its handle can be dereferenced only once the program "
                 "that holds the node is launched (shmpad.launch.launcher)"
             )
-        return {t.name: t.segment for t in self._tables}
+        return self._tables
+
+    @property
+    def segments(self) -> dict[str, str]:
+        return {t.name: t.segment for t in self._made()}
+
+    @property
+    def seeds(self) -> dict[str, int | None]:
+        """Each table's seed: a client draws the stream of that seed and its node's name."""
+        return {t.name: t.seed for t in self._made()}
 
     def allocate(self) -> None:
         if self._tables is not None:

@@ -28,6 +28,7 @@ is replaced by the next waiter, which rebuilds the index (``lock.py``).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -96,6 +97,12 @@ def _exponent(sampler: Selector, remover: Selector) -> float:
     return exps.pop() if exps else 1.0
 
 
+def _stream_key(stream: str) -> int:
+    """A named stream as an int for ``np.random.default_rng`` (Python's ``hash`` of a
+    str differs between processes)."""
+    return int.from_bytes(hashlib.blake2b(stream.encode(), digest_size=8).digest(), "little")
+
+
 def _check_priority(priority: Any, what: str = "priority") -> float:
     if isinstance(priority, bool) or not isinstance(priority, (int, float, np.integer, np.floating)):
         raise TypeError(f"{what} must be a number, got {type_name(priority)}")
@@ -113,8 +120,10 @@ class Table:
     full table evicts (``shmpad.replay.selectors``); ``rate_limiter`` paces inserts
     against samples (``shmpad.replay.rate_limiters``); an item sampled
     ``max_times_sampled`` times is deleted (0: never). ``seed`` seeds this handle's
-    choices: the creating process draws the same stream from it every run, and every other
-    process (attached, or forked) its own.
+    choices: the creating process draws the same stream from it every run; a handle
+    attached with a ``stream`` name draws the stream of ``seed`` and that name, the same
+    every run (a ``ReplayNode``'s client names its node); every other handle (attached
+    without one, or a forked copy) draws its process's own.
 
     The creating handle owns the segment: its ``close`` removes it. A table pickles
     to its segment's name; unpickled (in a node, say) it attaches.
@@ -166,13 +175,17 @@ class Table:
         ctl[index.NEXT_SEQ] = 1
 
     @classmethod
-    def attach(cls, segment: str, seed: int | None = None) -> Table:
-        """A handle of the table in shared-memory segment ``segment``."""
+    def attach(cls, segment: str, seed: int | None = None, *, stream: str | None = None) -> Table:
+        """A handle of the table in shared-memory segment ``segment``. With ``seed`` and a
+        ``stream`` name its draws are the same every run; with ``seed`` alone, this
+        process's own (see the class)."""
+        if stream is not None and not isinstance(stream, str):
+            raise TypeError(f"stream must be a str (a name for this handle's draws) or None, got {type_name(stream)}")
         self = cls.__new__(cls)
-        self._setup(Segment.attach(segment, KIND), seed)
+        self._setup(Segment.attach(segment, KIND), seed, stream)
         return self
 
-    def _setup(self, seg: Segment, seed: int | None) -> None:
+    def _setup(self, seg: Segment, seed: int | None, stream: str | None = None) -> None:
         meta = seg.meta
         self._seg = seg
         self.name: str = meta["name"]
@@ -219,6 +232,8 @@ class Table:
         self._seed = seed
         self._rng_pid = -1
         self._creator_pid = current_pid() if seg.owned else -1
+        # a named stream holds in the process that attached; a forked copy draws its own
+        self._stream = None if stream is None else (current_pid(), _stream_key(stream))
         self._rng_: np.random.Generator | None = None
 
     # -- pickling, closing ---------------------------------------------------------------
@@ -226,6 +241,11 @@ class Table:
     @property
     def segment(self) -> str:
         return self._seg.name
+
+    @property
+    def seed(self) -> int | None:
+        """The ``seed`` this handle was made or attached with."""
+        return self._seed
 
     def __reduce__(self):
         return (Table.attach, (self._seg.name, self._seed))
@@ -268,8 +288,14 @@ class Table:
     def _rng(self) -> np.random.Generator:
         pid = current_pid()
         if self._rng_pid != pid:  # a forked copy must not repeat its parent's choices
-            # the creating handle draws from the seed alone (reproducible); every other process, from seed and pid
-            key = [self._seed] if pid == self._creator_pid else [self._seed, pid]
+            # the creating handle draws from the seed alone and a named one from seed and name (both
+            # reproducible); every other, from seed and pid
+            if pid == self._creator_pid:
+                key = [self._seed]
+            elif self._stream is not None and pid == self._stream[0]:
+                key = [self._seed, 1, self._stream[1]]
+            else:
+                key = [self._seed, 0, pid]
             self._rng_ = np.random.default_rng(None if self._seed is None else key)
             self._rng_pid = pid
         return self._rng_
@@ -394,21 +420,25 @@ class Table:
         head = (self._limits, self.sampler.code)
         tail = (self.max_times_sampled, pid, lock.SPINS)
         rest = (self._rows, self._row_bytes, dst, slots, keys, probs, prios, times)
-        size = hot_path.sample_and_gather(t, *head, self._rng().random(b), *tail, False, *rest)
+        # one draw of uniforms, kept through a busy lock and the rate limiter's waits, so that a
+        # seeded handle's samples do not depend on what it met on the way (they are independent of
+        # the table's state, so the choice stays exact); only torn rows draw again
+        u = self._rng().random(b)
+        size = hot_path.sample_and_gather(t, *head, u, *tail, False, *rest)
         until = None
         while size <= 0:
             if size == hot_path.TORN:  # items evicted while they were copied: draw those rows again
-                u = self._rng().random(b)
-                size = hot_path.redraw(t, self.sampler.code, u, pid, lock.SPINS, False, *rest)
+                again = self._rng().random(b)
+                size = hot_path.redraw(t, self.sampler.code, again, pid, lock.SPINS, False, *rest)
                 if size == hot_path.BUSY:
                     self._lock()
-                    size = hot_path.redraw(t, self.sampler.code, u, pid, lock.SPINS, True, *rest)
+                    size = hot_path.redraw(t, self.sampler.code, again, pid, lock.SPINS, True, *rest)
                 continue
             until = deadline(timeout) if until is None else until
             seq = prepare_wait(ctl, index.EV_CHANGED)
             try:
                 self._lock()
-                size = hot_path.sample_and_gather(t, *head, self._rng().random(b), *tail, True, *rest)
+                size = hot_path.sample_and_gather(t, *head, u, *tail, True, *rest)
                 if size == 0:
                     self._wait(seq, until, f"sample of {b} timed out: the rate limiter holds samples back")
                     self._check_open()
