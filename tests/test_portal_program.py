@@ -140,9 +140,14 @@ def test_sigkill_of_the_launcher_leaves_nothing(tmp_path: pathlib.Path):
 @pytest.mark.timeout(600)  # two programs, each with its own hang guard
 def test_dreamer_launcher_behaves_as_on_portal(tmp_path: pathlib.Path):
     """The same program on portal itself (the bench extra) ends the same way: the learner's
-    steps, one actor restart, every environment reconnected, the error file's stop."""
+    steps, one actor restart, every environment reconnected, the error file's stop.
+
+    The restart's close is bounded for both: portal 3.8.3's ``BatchServer.close`` closes its
+    inner server before its batcher has answered the batches in flight, and then waits for
+    ever on a batch forwarded in that window (3 of 70 runs here). shmpad's close needs
+    no bound: the tests above restart without one."""
     pytest.importorskip("portal", reason="portal comes with the bench extra")
-    flags = ("--envs", "3", "--batch", "3", "--steps", "6", "--restart-after", "10")
+    flags = ("--envs", "3", "--batch", "3", "--steps", "6", "--restart-after", "10", "--close-timeout", "5")
     counts = {}
     for impl in ("shmpad.portal", "portal"):
         proc, tag = _start(tmp_path / impl, "--impl", impl, *flags)

@@ -15,11 +15,16 @@ learner has trained ``--steps`` steps it writes the error file, every process wa
 it exits with code 2, and ``run`` raises. With ``--restart-after N`` the actor closes
 its server after N batches and serves again on the same port, so that every
 environment sees ``Disconnected`` and reconnects. ``--tcp-envs 0,2`` makes those
-environments call the actor over TCP, as if from another host.
+environments call the actor over TCP, as if from another host. ``--close-timeout S``
+bounds that restart's close: portal 3.8.3's ``BatchServer.close`` closes its inner
+server before its batcher has had every batch it forwarded answered, so a batch forwarded in that
+window is never answered and the close waits for ever without a bound
+(docs/results/portal-close-race).
 
     python -m bench.portal.launcher --logdir /tmp/run --envs 4 --batch 4 --steps 20
 
-Each process leaves its pid in ``LOGDIR/pids/`` and the logger keeps its counts in
+Each process leaves its pid in ``LOGDIR/pids/`` and the logger keeps its counts (and
+``actor/close_s``, the seconds the restart's close took) in
 ``LOGDIR/logger.json`` (the tests read both).
 """
 
@@ -50,6 +55,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample", type=int, default=8, help="transitions per sampled batch")
     p.add_argument("--size", type=int, default=64, help="observation images are SIZE x SIZE x 3 uint8")
     p.add_argument("--restart-after", type=int, default=0, help="the actor restarts its server after this many batches")
+    p.add_argument(
+        "--close-timeout",
+        type=float,
+        default=None,
+        help="seconds the actor's restart waits for its old server to close (default: no bound)",
+    )
     p.add_argument("--tcp-envs", default="", help="comma-separated ids of environments that call over TCP")
     p.add_argument("--interval", type=float, default=0.2, help="seconds between looks at the error file")
     return p.parse_args(argv)
@@ -89,8 +100,9 @@ def actor(args, ports):
     if args.restart_after:
         server.start(block=False)
         enough.wait()
-        server.close()  # every environment's link breaks: they reconnect to the next server
-        logger.add({"actor/restarts": 1})
+        began = time.monotonic()
+        server.close(args.close_timeout)  # every environment's link breaks: they reconnect to the next server
+        logger.add({"actor/restarts": 1, "actor/close_s": time.monotonic() - began})
         server = portal.BatchServer(ports["actor"], name="Actor")
         server.bind("act", workfn, donefn, args.batch, 1)
     server.start()
