@@ -18,7 +18,7 @@ import pytest
 from helpers import Tmux, kill_and_reap, run_command, start_session, track_pid, wait_until
 
 from bench.impala import progress, rundir, train
-from bench.impala.plan import MLP_MAX_ACTORS, usable_cores
+from bench.impala.plan import MLP_MAX_ACTORS, make_plan, usable_cores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--num-workers", "1", "--envs-per-worker", "4", "--log-interval", "1", "--launch-type", "test_mp"]
@@ -62,17 +62,50 @@ def test_classic_control_gets_its_own_defaults_unless_given():
     assert cartpole.publish_seconds == 0.01  # a 2 ms update is not made to publish every time
     assert train.parse_args(["--env", "CartPole-v1", "--publish-seconds", "0"]).publish_seconds == 0
     pong = train.parse_args([])
-    assert (pong.model, pong.total_frames, pong.learning_rate, pong.publish_seconds) == ("shallow", 200_000, 6e-4, 0)
+    assert (pong.model, pong.total_frames, pong.publish_seconds) == ("shallow", 200_000, 0)
+    cartpole = train.parse_args(["--env", "CartPole-v1", "--algo", "appo"])  # APPO's own defaults, not Atari's
+    assert (cartpole.learning_rate, cartpole.unroll_length, cartpole.kl_target, cartpole.normalize_input) == (
+        0.003,
+        20,
+        0,
+        False,
+    )
+
+
+def test_atari_defaults_to_appo_with_rl_games_settings_and_impala_keeps_its_own(monkeypatch):
+    pong = train.parse_args([])
+    assert (pong.algo, pong.unroll_length, pong.batch_size, pong.minibatches) == ("appo", 128, 64, 4)
+    assert (pong.learning_rate, pong.kl_target, pong.clip, pong.baseline_cost) == (3e-4, 0.01, 0.2, 2.0)
+    assert (pong.init, pong.normalize_input, pong.value_clip, pong.grad_norm_clip) == ("orthogonal", True, 0, 1.0)
+    job = train.resolve(pong, make_plan(pong, cores=2, cpu_bf16=True))
+    # a batch of 64 environments on 2 cores (1 actor x 2 workers), 4 epochs, a ring of one batch
+    assert (job.plan.num_actors, job.plan.num_workers, job.plan.envs_per_worker) == (1, 2, 32)
+    assert (job.learner.epochs, job.queue_slots, job.normalize_input) == (4, 64, True)
+    assert train.resolve(pong, make_plan(pong, cores=16, cpu_bf16=True)).plan.envs_per_worker == 16  # 8 workers
+    given = train.parse_args(["--batch-size", "32", "--learning-rate", "1e-3", "--no-normalize-input"])
+    assert (given.batch_size, given.learning_rate, given.normalize_input, given.kl_target) == (32, 1e-3, False, 0.01)
+    eight = train.parse_args(["--envs-per-worker", "8"])  # given: the plan keeps it, below one batch
+    assert train.resolve(eight, make_plan(eight, cores=2, cpu_bf16=True)).plan.envs_per_worker == 8
+    impala = train.parse_args(["--algo", "impala"])
+    assert (impala.unroll_length, impala.batch_size, impala.learning_rate, impala.entropy_cost) == (20, 32, 6e-4, 6e-4)
+    assert (impala.kl_target, impala.normalize_input, impala.init) == (0, False, "torch")
+    assert train.resolve(impala, make_plan(impala, cores=2, cpu_bf16=True)).queue_slots == 4 * 32
+    from bench.impala.usage import advice
+
+    assert "--total-frames 10_000_000" in advice(pong) and "--model deep" in advice(impala)  # after a smoke test
+    monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
+    peers = train.parse_args(["--peers", "127.0.0.1:5555"])  # a group averages one step per batch
+    assert (peers.algo, peers.learning_rate, peers.normalize_input) == ("impala", 6e-4, False)
 
 
 def test_appo_minibatches_of_steps_are_an_option_checked_before_launch(capsys):
     job = train.resolve(
         train.parse_args(["--algo", "appo", "--shuffle", "steps", "--batch-size", "6", "--minibatches", "4"])
     )
-    assert (job.learner.shuffle, job.learner.minibatches) == ("steps", 4)  # 6 x 20 steps: any divisor of 120
+    assert (job.learner.shuffle, job.learner.minibatches) == ("steps", 4)  # 6 x 128 steps: any divisor of 768
     assert train.resolve(train.parse_args(["--algo", "appo"])).learner.shuffle == "unrolls"
     for argv, message in (
-        (["--shuffle", "steps", "--batch-size", "6", "--minibatches", "7"], "a batch's 120 steps"),
+        (["--shuffle", "steps", "--batch-size", "6", "--unroll-length", "20", "--minibatches", "7"], "a batch's 120"),
         (["--shuffle", "steps", "--use-lstm"], "an LSTM core needs whole unrolls"),
         (["--shuffle", "frames"], "invalid choice: 'frames'"),
     ):
@@ -212,6 +245,8 @@ def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp
     assert rc == 2 and f"--out {out} already holds a run of 'CartPole-v1'; continue it with --resume" in err
     rc, _, err = bench("--env", "Acrobot-v1", *SMALL, "--out", out, "--resume")
     assert rc == 2 and "is a run of env 'CartPole-v1'; this command asks for env 'Acrobot-v1'" in err
+    rc, _, err = bench("--env", "CartPole-v1", "--algo", "appo", *SMALL, "--out", out, "--resume")
+    assert rc == 2 and "is a run of algo 'impala'; this command asks for algo 'appo'" in err
     rc, text, err = bench("--env", "CartPole-v1", "--total-frames", "2000", *SMALL, "--out", out, "--resume")
     assert rc == 0 and "raise --total-frames" in text and "wrote" not in text, text + err
     os.remove(os.path.join(out, "config.json"))  # a run from before config.json: the checkpoint itself is checked
@@ -301,7 +336,10 @@ def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
     [
         (["--algo", "appo", "--kl-target", "-1"], "--kl-target must be a finite number >= 0 (0: off), got -1.0"),
         (["--algo", "appo", "--kl-target", "inf"], "--kl-target must be a finite number >= 0 (0: off), got inf"),
-        (["--kl-target", "0.01"], "--kl-target 0.01 adapts the learning rate between APPO's minibatch steps"),
+        (
+            ["--algo", "impala", "--kl-target", "0.01"],
+            "--kl-target 0.01 adapts the learning rate between APPO's minibatch steps",
+        ),
     ],
 )
 def test_a_kl_target_is_checked_and_reaches_the_learner(argv, message, capsys):
@@ -314,7 +352,9 @@ def test_a_kl_target_is_checked_and_reaches_the_learner(argv, message, capsys):
 def test_normalize_input_builds_a_model_with_input_statistics_and_is_refused_with_peers(capsys):
     job = train.resolve(train.parse_args(["--normalize-input"]))
     assert job.normalize_input and train.build_model(job, (4, 84, 84), 6).torso.obs_norm is not None
-    assert train.build_model(train.resolve(train.parse_args([])), (4, 84, 84), 6).torso.obs_norm is None
+    assert (
+        train.build_model(train.resolve(train.parse_args(["--algo", "impala"])), (4, 84, 84), 6).torso.obs_norm is None
+    )
     with pytest.raises(SystemExit):
         train.parse_args(["--normalize-input", "--peers", "127.0.0.1:5555"])
     assert "--normalize-input keeps input statistics per learner" in capsys.readouterr().err
@@ -335,6 +375,35 @@ def test_normalize_value_builds_a_model_with_value_statistics_for_appo_only(caps
     job = train.resolve(train.parse_args(["--algo", "appo", "--normalize-value"]))
     assert job.normalize_value and train.build_model(job, (4, 84, 84), 6).value_norm is not None
     with pytest.raises(SystemExit):
-        train.parse_args(["--normalize-value"])
+        train.parse_args(["--algo", "impala", "--normalize-value"])
     assert "--normalize-value standardises APPO's value targets: use --algo appo" in capsys.readouterr().err
     assert "normalize_value" in train.IDENTITY
+
+
+def test_lockstep_runs_one_actor_publishing_every_update():
+    from bench.impala.usage import summary
+
+    for given in ([], ["--num-actors", "1", "--publish-every", "1"], ["--num-actors", "0"]):
+        args = train.parse_args(["--lockstep", *given])
+        job = train.resolve(args)
+        assert job.lockstep and job.plan.num_actors == 1
+        assert (job.learner.publish_every, job.learner.publish_seconds) == (1, 0.0)
+        assert "in lock step: the actor waits for every update" in summary(args, job.plan)
+    assert not train.resolve(train.parse_args([])).lockstep
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-actors", "2"], "--lockstep runs with --num-actors 1, got 2"),
+        (["--publish-every", "4"], "--lockstep runs with --publish-every 1, got 4"),
+        (["--publish-seconds", "0.5"], "--lockstep runs with --publish-seconds 0, got 0.5"),
+        (["--peers", "127.0.0.1:5555", "--algo", "impala"], "a group (--peers) is not in step"),
+        (["--resume", "--out", "/nonexistent/run"], "a run resumed (--resume) is not in step"),
+        (["--device", "cuda"], "--lockstep runs on the CPU, got --device cuda"),
+    ],
+)
+def test_lockstep_refuses_what_would_put_it_out_of_step(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--lockstep", *argv])
+    assert message in capsys.readouterr().err

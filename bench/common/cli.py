@@ -25,11 +25,13 @@ def parser_for(
     groups: Mapping[str, Sequence[str]] | None = None,
     choices: Mapping[str, Sequence[str]] | None = None,
     epilog: str | None = None,
+    negatable: Sequence[str] = (),
 ) -> argparse.ArgumentParser:
     """A parser with ``--field-name`` for every field of the dataclass ``cls``: a flag for
     a bool, else a value of the field's type (int, float or str) defaulting to the field's.
     ``groups`` maps a heading to the fields listed under it in ``--help`` (the others
-    come under "options"); ``choices`` gives the values a field accepts."""
+    come under "options"); ``choices`` gives the values a field accepts; a bool field named in
+    ``negatable`` (one that a default may turn on) also gets ``--no-field-name``."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -46,7 +48,10 @@ def parser_for(
     for f in fields.values():
         flag = "--" + f.name.replace("_", "-")
         home = homes.get(f.name, parser)
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool) and f.name in negatable:
+            # unset, the attribute is left out and the dataclass field keeps its default
+            home.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=docs[f.name])
+        elif f.type in ("bool", bool):
             home.add_argument(flag, action="store_true", help=docs[f.name])
         elif f.name in choices:
             home.add_argument(flag, choices=choices[f.name], default=f.default, help=f"{docs[f.name]} [{f.default}]")

@@ -1,7 +1,8 @@
 """How bench.impala fills the machine: from the cores this process may run on (its
 affinity, not the machine's count) and the device, how many actors, env workers,
 environments per worker and learner threads to run, and whether the learner runs
-compiled and in bf16; and the defaults per env family (``FAMILY_DEFAULTS``), the only
+compiled and in bf16; and the defaults per algorithm and env family (``ALGO_DEFAULTS``,
+``FAMILY_DEFAULTS``, ``FAMILY_ALGO_DEFAULTS``; ``defaults_for`` puts them together), the only
 defaults besides ``Args``' own fields. Every option the user gave wins; the job prints the
 plan as one line before it starts.
 
@@ -12,7 +13,7 @@ measures the learner's side). A figure is stated only where its output is kept u
 (docs/benchmarks.md lists what has no kept figure yet):
 
 - CPU: the learner is the bottleneck by far (a Nature-CNN update of T=20, B=32 took
-  480-590 ms in the default Pong job, docs/results/cpu-pinning; the env workers step far more
+  480-590 ms in the IMPALA Pong job, docs/results/cpu-pinning; the env workers step far more
   frames than it consumes, which ``python -m bench.envpool`` measures), yet it gets only
   half the cores as torch threads (an MLP's tiny update one): the actors keep running
   beside it, and a torch thread that loses its core stalls the others at every barrier.
@@ -39,11 +40,11 @@ measures the learner's side). A figure is stated only where its output is kept u
 - CPU, bf16: where the CPU computes bf16 natively (AVX512-BF16 or AMX), the learner of
   a convolutional model runs under bf16 autocast: on this machine's AMD EPYC (Zen 4,
   avx512_bf16) a compiled 1-thread Nature-CNN update ran 1.81-2.08x as many updates/s as
-  in fp32, and the default Pong job 1.23x the frames/s (docs/results/cpu-bf16). Elsewhere
+  in fp32, and the IMPALA Pong job 1.23x the frames/s (docs/results/cpu-bf16). Elsewhere
   bf16 is emulated and slower, so it stays off.
 - CPU, pinning (``--pin on``): the learner runs on its own cores (the first
   ``learner_threads``) and the actors with their env workers on the others, so that
-  neither preempts the other (``PythonProcess(cpus=...)``): the default Pong job ran
+  neither preempts the other (``PythonProcess(cpus=...)``): the IMPALA Pong job ran
   1.22x faster pinned with the learner in fp32 (median of 4 interleaved rounds; its
   learner took 480-490 ms per update instead of 550-590), and 1.03x with it in bf16
   (3 rounds; the actor's core is then as much the limit as the learner):
@@ -52,7 +53,7 @@ measures the learner's side). A figure is stated only where its output is kept u
   one actor (its batched GPU inference) per 8 cores, the rest as env workers, 16
   environments each, the learner's host side on one thread. bf16 autocast. On one H100
   with 16 cores (docs/results/h100-topology, ``bench.impala.compare``, two calls) the
-  plan's 2 actors x 6 workers ran the default Pong job at 63.4K and 65.1K frames/s. One
+  plan's 2 actors x 6 workers ran the IMPALA Pong job at 63.4K and 65.1K frames/s. One
   actor serving all 12 workers ran it 0.90x and 0.92x as fast, its workers waiting on its
   one loop. With the IMPALA ResNet one actor tied (0.995x) and 4 actors x 3 workers ran
   0.91x.
@@ -68,12 +69,16 @@ from actors import EnvConfig
 
 __all__ = [
     "ALGO_DEFAULTS",
+    "FAMILY_ALGO_DEFAULTS",
     "FAMILY_DEFAULTS",
     "Plan",
+    "QUEUE_BATCHES",
     "cpu_has_bf16",
+    "defaults_for",
     "env_family",
     "make_plan",
     "pinned_cpus",
+    "switched_on",
     "usable_cores",
 ]
 
@@ -92,12 +97,19 @@ MLP_ENVS_PER_WORKER = 32
 --rounds 3`` measures it against 16; no kept figure yet, see docs/benchmarks.md"""
 
 
-APPO_EPOCHS_GPU = 4
-"""APPO's epochs on a GPU, whose learner waited 68-69% of the time for data under IMPALA
-(docs/results/h100-topology): reuse takes that idle time, as PPO's 4 epochs do"""
-APPO_EPOCHS_CPU = 2
-"""APPO's epochs on a CPU, where the learner is already the bottleneck: each epoch costs
-frames/s, so fewer than on a GPU"""
+APPO_EPOCHS = 4
+"""APPO's passes over each batch, on a CPU and on a GPU. On the CPU the learner is the
+bottleneck, so every epoch costs frames/s, but frames to a score are what count: every APPO
+Pong run kept in docs/results had 4 (pong-rl-games-cpu: +18 at 3.41M frames in 55 minutes on
+one core), and fewer are not measured per frame. On a GPU the learner waited 68-69% of the time
+for data under IMPALA (docs/results/h100-topology): reuse takes that idle time."""
+
+QUEUE_BATCHES = {"impala": 4, "appo": 1}
+"""Batches the trajectory ring holds per algorithm, unless --queue-slots says otherwise.
+IMPALA's 4 let the actors run ahead of a learner that steps once per batch. APPO's learner
+frees a batch's slots before its update, so the actors fill the next batch during it; a longer
+ring would only feed APPO's 16 steps per batch staler unrolls. The Pong runs of
+docs/results/pong-rl-games-cpu had one batch: a policy lag of 2 updates in their log.csv."""
 
 ALGO_DEFAULTS = {
     # PPO's Atari settings (Schulman et al. 2017, table 5; OpenAI baselines' ppo2 atari()): learning rate
@@ -108,6 +120,10 @@ ALGO_DEFAULTS = {
 options given on the command line win over them."""
 
 FAMILY_DEFAULTS = {
+    # APPO with rl_games' Pong settings learns per frame where IMPALA's did not: +18 at 3.41M frames and
+    # +20 at 4.00M (docs/results/pong-rl-games-cpu), against -20.7 at 4M for the IMPALA job. A group
+    # (--peers) averages one step per batch, so with --peers the Atari job stays IMPALA.
+    "atari": dict(algo="appo"),
     # The settings tests/test_bench_impala.py's CartPole run learns with (its actors use 16 envs per worker).
     "classic_control": dict(
         model="mlp",
@@ -126,6 +142,52 @@ FAMILY_DEFAULTS = {
 }
 """Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
 given on the command line win."""
+
+FAMILY_ALGO_DEFAULTS = {
+    # rl_games' PPO on Pong (the EnvPool demo notebook, docs/results/pong-reference): 64 environments x 128
+    # steps, 4 epochs of 4 minibatches, learning rate 3e-4 adapted to a KL of 0.01 per step, clip 0.2, no
+    # value clipping, GAE lambda 0.95 (here V-trace's), critic weight 2, gradient norm 1, PPO's orthogonal
+    # weights and standardised pixels. Without --normalize-input the same run did not learn (-20.4 at 1.93M
+    # frames: the KL stayed low and the adaptive rate sat at its cap), docs/results/pong-rl-games-cpu.
+    ("atari", "appo"): dict(
+        unroll_length=128,
+        batch_size=64,
+        minibatches=4,
+        learning_rate=3e-4,
+        kl_target=0.01,
+        entropy_cost=0.01,
+        clip=0.2,
+        value_clip=0.0,
+        vtrace_lambda=0.95,
+        grad_norm_clip=1.0,
+        baseline_cost=2.0,
+        init="orthogonal",
+        normalize_input=True,
+    ),
+}
+"""Defaults for one algorithm in one env family, over both of the above; options given on
+the command line win."""
+
+
+def switched_on() -> set[str]:
+    """The options some default above turns on: each gets a ``--no-`` form to turn it off."""
+    tables = (ALGO_DEFAULTS, FAMILY_DEFAULTS, FAMILY_ALGO_DEFAULTS)
+    return {name for table in tables for values in table.values() for name, v in values.items() if v is True}
+
+
+def defaults_for(family: str, algo: str | None, peers: bool = False) -> dict[str, Any]:
+    """The defaults of a job in ``family``: its algorithm (``algo`` where given, else the
+    family's, IMPALA with ``peers``), then that algorithm's defaults, the family's and the
+    two together's, each over the one before."""
+    family_defaults = dict(FAMILY_DEFAULTS.get(family, {}))
+    family_algo = family_defaults.pop("algo", "impala")
+    algo = algo or ("impala" if peers else family_algo)
+    return {
+        "algo": algo,
+        **ALGO_DEFAULTS.get(algo, {}),
+        **family_defaults,
+        **FAMILY_ALGO_DEFAULTS.get((family, algo), {}),
+    }
 
 
 def env_family(env_id: str) -> str:
@@ -196,13 +258,15 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     actors = args.num_actors or actors
     workers = args.num_workers or workers
     envs = args.envs_per_worker or (ENVS_PER_WORKER if conv or cuda else MLP_ENVS_PER_WORKER)
+    appo = getattr(args, "algo", "impala") == "appo"
+    if appo and not args.envs_per_worker:
+        # at least one batch of environments, as PPO steps: no unroll of a batch continues another's game
+        envs = max(envs, -(-args.batch_size // (actors * workers)))
     threads = args.learner_threads or threads
     compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
     bf16 = _switch(args.bf16, "bf16", conv and (cuda or cpu_bf16))
     pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and cores >= 2)
-    epochs = 1
-    if getattr(args, "algo", "impala") == "appo":
-        epochs = getattr(args, "epochs", 0) or (APPO_EPOCHS_GPU if cuda else APPO_EPOCHS_CPU)
+    epochs = (getattr(args, "epochs", 0) or APPO_EPOCHS) if appo else 1
     return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin, epochs)
 
 

@@ -1,4 +1,4 @@
-"""IMPALA (V-trace) on Atari with shmpad: the project's main job.
+"""APPO or IMPALA (V-trace) on Atari with shmpad: the project's main job.
 
     python -m bench.impala                                  # a short Pong run: 200K frames, a smoke test
     python -m bench.impala --env ALE/Breakout-v5 --total-frames 50_000_000 --model deep
@@ -15,24 +15,23 @@ The program, in shmpad's Launchpad API:
     learner                       get_batch(B) -> [T+1, B] zero-copy tensors, V-trace,
                                   one optimiser step, publish; logs, CSV, PNG, checkpoints
 
-Read top to bottom: ``Args``, the options (one field each); ``parse_args``, the command
-line with the env family's defaults; ``resolve``, the options turned once into the ``Job``
-every node gets (the env config, the learner config, the plan for this machine, the run
-folder); the actor node; the learner node; the program; ``main``.
+Read top to bottom: ``resolve``, the options (``Args`` and ``parse_args``, in
+``bench/impala/options.py``) turned once into the ``Job`` every node gets (the env config,
+the learner config, the plan for this machine, the run folder); the actor node; the learner
+node; the program; ``main``.
 
 Every ``--log-interval`` seconds the learner prints one line: frames, frames/s, learner
 steps/s, the mean true return of the last 100 episodes, how full the trajectory ring is
 and the share of time the learner waited for data. ``--out`` (default: a new
 ``runs/<env>-<date>-<time>``) gets ``config.json``, ``log.csv``, ``curve.png`` and
-``checkpoint.pt``; a run never writes into another run's folder. For a full Atari run use ``--total-frames 50_000_000``
-(or more), ``--model deep --last-action-reward --full-action-space`` and as many actors and workers
-as the machine has cores; ``--device cuda`` puts inference and the learner on a GPU.
+``checkpoint.pt``; a run never writes into another run's folder. What a longer run should
+add is printed after the smoke test (``usage.advice``); ``--device cuda`` puts inference and
+the learner on a GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -43,223 +42,17 @@ import torch
 
 import shmpad as lp
 from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
-from bench.common.cli import explicit_options, parser_for
 from bench.impala import rundir
-from bench.impala.plan import ALGO_DEFAULTS, FAMILY_DEFAULTS, Plan, env_family, make_plan, pinned_cpus
+from bench.impala.options import Args, UsageError, parse_args
+from bench.impala.plan import QUEUE_BATCHES, Plan, make_plan, pinned_cpus
 from bench.impala.progress import RunLog, actor_counters, actor_totals, last_seconds, plot, progress, progress_line
 from bench.impala.tensorboard import TensorBoardLog
-from bench.impala.usage import CHOICES, EXAMPLES, HELP_GROUPS, advice, summary
+from bench.impala.usage import advice, summary
 from learners import Learner, LearnerConfig, make_model
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
-from shmpad.net.wire import parse_address
 
-
-@dataclass
-class Args:
-    env: str = "ALE/Pong-v5"
-    """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
-    model: str = "shallow"
-    """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
-    use_lstm: bool = False
-    """an LSTM core after the torso; each unroll carries the core state it started from"""
-    init: str = "torch"
-    """the network's initial weights: torch (each layer's default) or orthogonal (PPO's: gain sqrt(2), policy head 0.01, baseline head 1)"""
-    last_action_reward: bool = False
-    """feed the core/heads the previous action (one-hot) and the clipped reward, as torchbeast's and moolib's Atari nets do"""
-    total_frames: int = 200_000
-    """stop after this many environment frames (frame skip counted)"""
-    unroll_length: int = 20
-    """T: steps per unroll"""
-    batch_size: int = 32
-    """B: unrolls per learner update"""
-    num_actors: int = 0
-    """actor nodes, each with its own env workers and batched inference (0: from the plan)"""
-    num_workers: int = 0
-    """env worker processes per actor (0: from the plan)"""
-    envs_per_worker: int = 0
-    """environments each worker steps (0: from the plan, 16)"""
-    optimizer: str = "adam"
-    """the optimiser"""
-    adam_eps: float = 1e-8
-    """Adam's epsilon (torch's default; PPO's Atari runs use 1e-5)"""
-    learning_rate: float = 6e-4
-    """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
-    lr_decay_frames: int = 0
-    """frames over which the learning rate decays linearly to 0 (0: --total-frames); moolib's Atari configuration decays over 200M frames whatever it stops at"""
-    entropy_cost: float = 6e-4
-    """weight of the entropy bonus"""
-    baseline_cost: float = 0.5
-    """weight of the baseline loss"""
-    discount: float = 0.99
-    """gamma"""
-    reward_clip: float = 1.0
-    """clip rewards to [-c, c] for the learner (0: no clipping)"""
-    grad_norm_clip: float = 40.0
-    """clip the gradient norm (0: no clipping)"""
-    reduction: str = "mean"
-    """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
-    algo: str = "impala"
-    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs; unless given, learning rate 2.5e-4, entropy cost 0.01, gradient norm clip 0.5, V-trace lambda 0.95)"""
-    epochs: int = 0
-    """appo: passes over each batch (0: from the plan)"""
-    minibatches: int = 2
-    """appo: minibatches per pass (with --shuffle unrolls, --batch-size must be a multiple)"""
-    shuffle: str = "unrolls"
-    """appo: a minibatch is whole unrolls, or single steps drawn from across the batch as PPO does (feed-forward models only)"""
-    clip: float = 0.1
-    """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
-    value_clip: float = 0.0
-    """appo: how far one batch's steps may move the baseline before its loss stops pulling (0: no clipping)"""
-    kl_target: float = 0.0
-    """appo: adapt the learning rate after every minibatch step, x1.5 when the step's KL was under half of this and /1.5 when over twice this, instead of --lr-decay-frames (rl_games' adaptive schedule; 0: off)"""
-    vtrace_lambda: float = 1.0
-    """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
-    full_action_space: bool = False
-    """Atari: all 18 actions instead of the game's minimal set"""
-    normalize_value: bool = False
-    """appo: the baseline predicts values standardised by running statistics of the value targets, which the learner updates from each batch (rl_games' normalize_value)"""
-    normalize_input: bool = False
-    """standardise every input element (pixel) by running statistics that the learner updates from each batch, instead of scaling frames by 1/255 (rl_games' normalize_input)"""
-    queue_slots: int = 0
-    """trajectory ring slots (0: 4 batches)"""
-    device: str = "cpu"
-    """where inference and the learner run"""
-    learner_threads: int = 0
-    """torch threads of the learner (0: from the plan; actors use 1)"""
-    compile: str = "auto"
-    """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
-    bf16: str = "auto"
-    """bf16 autocast in the learner (and on a CPU in the actors' inference): auto (on a GPU, and on a CPU with AVX512-BF16 or AMX), on, off"""
-    cuda_graph: str = "off"
-    """replay the actors' forward pass from a CUDA graph (--device cuda): on, off (off until measured on a GPU)"""
-    pin: str = "auto"
-    """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
-    publish_every: int = 1
-    """learner updates between two publishes of the weights to the actors"""
-    publish_seconds: float = 0.0
-    """publish the weights at the first update this many seconds after the last publish, instead of every --publish-every updates (0: off)"""
-    top: bool = False
-    """draw the live view of python -m shmpad.top (nodes, rings, weights, counters) at the bottom of this terminal while the progress lines scroll above it (needs a terminal and rich)"""
-    tensorboard: bool = False
-    """also write the progress rows, every loss and the policy lag as TensorBoard scalars into --out/tensorboard (pip install tensorboard)"""
-    seed: int = 0
-    """seeds every environment and the networks"""
-    out: str = ""
-    """folder for config.json, log.csv, curve.png and checkpoint.pt; unset: a new runs/<env>-<date>-<time> (with --resume: the newest run of --env)"""
-    log_interval: float = 5.0
-    """seconds between progress lines"""
-    checkpoint_minutes: float = 10.0
-    """minutes between checkpoints (also written at the end)"""
-    resume: bool = False
-    """continue the run in --out from its checkpoint, with its optimiser state (same env and model)"""
-    launch_type: str = "local_mp"
-    """shmpad launch type"""
-    peers: str = ""
-    """HOST:PORT of a broker (python -m shmpad.net.broker): this host's learner joins --group and averages gradients with the group's other learners; the token comes from $SHMPAD_TOKEN or --token-file"""
-    group: str = "impala"
-    """the broker group to train with (--peers)"""
-    peer_host: str = "127.0.0.1"
-    """address on which this learner listens for the group's other learners (--peers); loopback reaches only this host: give an address the other hosts can reach"""
-    token_file: str = ""
-    """file holding the group's shared token (--peers; default: $SHMPAD_TOKEN)"""
-    min_peers: int = 1
-    """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
-    virtual_batch_size: int = 0
-    """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
-    backend: str = "shmpad"
-    """--peers: what moves the gradients: shmpad (its TCP ring), gloo or nccl (a torch.distributed process group per member list), auto (nccl on CUDA, else the ring below 4 learners and gloo from 4)"""
-
-
-def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
-    """The job's settings as the command line gives them, the env family's defaults
-    (``bench/impala/plan.py``) filling in what it leaves out, checked. ``defaults``: a
-    benchmark's own values for options the command line leaves out, before the family's
-    (``bench.impala.throughput``'s short run)."""
-    parser = parser_for(Args, prog, __doc__.split("\n\n")[0], HELP_GROUPS, CHOICES, EXAMPLES)
-    args = Args(**vars(parser.parse_args(argv)))
-    try:
-        family = env_family(args.env)
-    except ValueError as e:
-        raise UsageError(f"--env: {e}") from None
-    given = explicit_options(parser, argv)
-    mine = {k: v for k, v in (defaults or {}).items() if k not in given}
-    args = dataclasses.replace(args, **mine)
-    given |= set(mine)
-    # an algorithm's defaults, then the env family's, under what the command line gave
-    family_defaults = {**ALGO_DEFAULTS.get(args.algo, {}), **FAMILY_DEFAULTS.get(family, {})}
-    args = dataclasses.replace(args, **{k: v for k, v in family_defaults.items() if k not in given})
-    if args.total_frames < 1:
-        parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
-    for name, n in dict(
-        num_actors=0,
-        num_workers=0,
-        envs_per_worker=0,
-        learner_threads=0,
-        publish_every=1,
-        publish_seconds=0,
-        epochs=0,
-        minibatches=1,
-        clip=0,
-        value_clip=0,
-        vtrace_lambda=0,
-    ).items():
-        if not getattr(args, name) >= n:
-            parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
-    if not args.adam_eps > 0:
-        parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
-    if args.cuda_graph == "on" and not args.device.startswith("cuda"):
-        parser.error(
-            f"--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got {args.device}"
-        )
-    if not (math.isfinite(args.kl_target) and args.kl_target >= 0):
-        parser.error(f"--kl-target must be a finite number >= 0 (0: off), got {args.kl_target}")
-    if args.kl_target and args.algo != "appo":
-        parser.error(
-            f"--kl-target {args.kl_target} adapts the learning rate between APPO's minibatch steps: use --algo appo"
-        )
-    if args.vtrace_lambda > 1:
-        parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
-    if args.algo == "appo" and args.shuffle == "steps":
-        if args.use_lstm:
-            parser.error(
-                "--shuffle steps makes minibatches of single steps; an LSTM core needs whole unrolls: use --shuffle unrolls"
-            )
-        if (args.unroll_length * args.batch_size) % args.minibatches:
-            parser.error(
-                f"--shuffle steps: a batch's {args.unroll_length * args.batch_size} steps (--unroll-length "
-                f"{args.unroll_length} x --batch-size {args.batch_size}) must be a multiple of --minibatches ({args.minibatches})"
-            )
-    elif args.algo == "appo" and args.batch_size % args.minibatches:
-        parser.error(
-            f"--batch-size ({args.batch_size}) must be a multiple of --minibatches ({args.minibatches}): "
-            "a minibatch is a whole number of unrolls"
-        )
-    if args.algo == "appo" and args.peers:
-        parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
-    if args.normalize_value and args.algo != "appo":
-        parser.error("--normalize-value standardises APPO's value targets: use --algo appo")
-    if args.normalize_input and args.peers:
-        parser.error("--normalize-input keeps input statistics per learner; a group's learners (--peers) would differ")
-    if args.min_peers < 1:
-        parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
-    if args.peers:
-        try:
-            if args.peers != "env://":  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (shmpad.net.envcluster)
-                parse_address(args.peers)
-            load_token(token_file=args.token_file or None)
-        except (ValueError, lp.ShmpadError) as e:
-            parser.error(f"--peers {args.peers}: {e}")
-    if not args.out:
-        found = rundir.latest_run(args.env) if args.resume else None
-        if args.resume and found is None:
-            raise UsageError(f"--resume: no run of {args.env} under {rundir.RUNS}/ holds a checkpoint; give --out DIR")
-        args = dataclasses.replace(args, out=found or rundir.default_out(args.env))
-    return args
-
-
-class UsageError(Exception):
-    """A mistake found before launch; main prints its one-line message and exits with status 2."""
+__all__ = ["Args", "UsageError", "parse_args", "resolve", "Job", "main"]
 
 
 # -- Args resolved once: what the nodes need ---------------------------------------------
@@ -319,7 +112,7 @@ class Job:
     unroll_length: int
     """T: steps per unroll"""
     queue_slots: int
-    """trajectory ring slots (--queue-slots, or 4 batches)"""
+    """trajectory ring slots (--queue-slots, or 4 batches for IMPALA and 1 for APPO)"""
     total_frames: int
     """the learner stops after this many environment frames"""
     log_interval: float
@@ -332,6 +125,8 @@ class Job:
     """also write TensorBoard scalars into ``out``/tensorboard"""
     group: PeerGroup | None
     """the group this learner averages gradients with; None without --peers"""
+    lockstep: bool
+    """the one actor waits for the learner's update of each batch it wrote (``wait_for_learner``)"""
 
 
 def resolve(args: Args, plan: Plan | None = None) -> Job:
@@ -394,13 +189,14 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
         device=args.device,
         cuda_graph=args.cuda_graph == "on",
         unroll_length=args.unroll_length,
-        queue_slots=args.queue_slots or 4 * args.batch_size,
+        queue_slots=args.queue_slots or QUEUE_BATCHES[args.algo] * args.batch_size,
         total_frames=args.total_frames,
         log_interval=args.log_interval,
         checkpoint_minutes=args.checkpoint_minutes,
         resume=args.resume,
         tensorboard=args.tensorboard,
         group=group,
+        lockstep=args.lockstep,
     )
 
 
@@ -487,6 +283,8 @@ def run_actor(
         stop = lp.stop_event()
         next_report = time.monotonic()
         while not stop.is_set():
+            if job.lockstep and not wait_for_learner(weights, 1 + writer.unrolls // job.learner.batch_size, stop):
+                break
             try:
                 inference.step(timeout=1.0)
             except Timeout:
@@ -498,6 +296,24 @@ def run_actor(
         pass  # the program stopped: the trajectory ring was closed under us
     finally:
         pool.close()
+
+
+def wait_for_learner(weights, version: int, stop) -> bool:
+    """--lockstep: block until ``weights`` holds ``version`` (the learner's first publish is
+    version 1, and each update of a batch publishes the next), so that the actor's next
+    step pulls exactly it; False if the program stopped first.
+
+    The actor asks, before each step, for the version after every whole batch it has
+    written (1 + unrolls // B). The learner cannot publish a later one, since it has no
+    data for it; and every unroll counted is already in the ring, since the writer blocks
+    until it is. So each step's weights, and with them the run, do not depend on timing."""
+    while not stop.is_set():
+        try:
+            weights.wait_for_version(newer_than=version - 1, timeout=1.0)  # at once if it is out already
+            return True
+        except Timeout:
+            pass
+    return False
 
 
 # -- the learner node --------------------------------------------------------------------
@@ -624,6 +440,7 @@ and writes its checkpoint. An APPO update of 64 x 128 Pong steps took 38-48 s on
 
 IDENTITY = (
     "env",
+    "algo",  # an Atari run from before APPO became Atari's default resumes with --algo impala, not silently as APPO
     "model",
     "use_lstm",
     "last_action_reward",

@@ -27,7 +27,9 @@ resume counts at them); the wall-clock between two stretches is not counted. ``-
 ``OUT`` gets ``summary.json`` (every seed's frames and seconds per target, the medians and the
 worst, the machine, each run's plan line), ``summary.md`` (the same as a table) and
 ``curves.png`` (each seed's mean return against frames, with the targets), beside each
-run's own folder and its output, ``seed-S.log``.
+run's own folder and its output, ``seed-S.log``. Stopped by Ctrl+C or SIGTERM, it stops its
+runs as Ctrl+C stops a job (each keeps a checkpoint) and still writes them, the seeds it
+stopped marked ``"interrupted": true`` with their frames and targets so far.
 """
 
 from __future__ import annotations
@@ -326,7 +328,10 @@ def _table(args: argparse.Namespace, job: list[str], summary: dict, results: lis
             + f" | {fmt(row['median_seconds'], 's')} | {fmt(row['worst_seconds'], 's')} |"
         )
     for r in results:
-        lines.append(f"\nseed {r['seed']} ({r['cpus']} cpus, {r['frames']:,} frames): " + " / ".join(r["plan"]))
+        stopped = ", interrupted" if r.get("interrupted") else ""
+        lines.append(
+            f"\nseed {r['seed']} ({r['cpus']} cpus, {r['frames']:,} frames{stopped}): " + " / ".join(r["plan"])
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -388,6 +393,14 @@ def main(argv: list[str] | None = None) -> int:
                 run.proc.wait(max(0.0, STOP_GRACE_S - (time.monotonic() - run.stopped_at)))
             run.kill()
             _await_session_end(run.proc.pid)
+        for run in running:  # an interrupted seed's frames and targets so far, marked as such
+            results.append({**run.finish(), "interrupted": True})
+        _report(args, job, info, results)
+    return 0
+
+
+def _report(args: argparse.Namespace, job: list[str], info: dict, results: list[dict]) -> None:
+    """summary.json, summary.md and curves.png in ``args.out``; the table and a summary line printed."""
     results.sort(key=lambda r: r["seed"])
     summary = summarize(args.targets, results)
     report = {
@@ -406,7 +419,6 @@ def main(argv: list[str] | None = None) -> int:
     plot(os.path.join(args.out, "curves.png"), args.targets, results, f"{args.env}: {shlex.join(job)}")
     print(table, flush=True)
     print("summary: " + json.dumps({"env": args.env, "summary": summary}), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

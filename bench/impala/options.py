@@ -1,0 +1,256 @@
+"""The main job's options: ``Args``, one field per command-line option with its help
+under it, and ``parse_args``, the command line with the env family's defaults
+(``bench/impala/plan.py``) filling in what it leaves out, checked before anything starts.
+``bench/impala/train.py`` turns them into the ``Job`` its nodes get."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import shmpad as lp
+from bench.common.cli import explicit_options, parser_for
+from bench.impala import rundir
+from bench.impala.plan import defaults_for, env_family, switched_on
+from bench.impala.usage import CHOICES, EXAMPLES, HELP_GROUPS
+from shmpad.net.auth import load_token
+from shmpad.net.wire import parse_address
+
+__all__ = ["Args", "UsageError", "parse_args", "DESCRIPTION"]
+
+DESCRIPTION = "APPO or IMPALA (V-trace) on Atari with shmpad: the project's main job."
+"""the first line of ``--help``"""
+
+
+class UsageError(Exception):
+    """A mistake found before launch; main prints its one-line message and exits with status 2."""
+
+
+@dataclass
+class Args:
+    env: str = "ALE/Pong-v5"
+    """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
+    model: str = "shallow"
+    """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
+    use_lstm: bool = False
+    """an LSTM core after the torso; each unroll carries the core state it started from"""
+    init: str = "torch"
+    """the network's initial weights: torch (each layer's default) or orthogonal (PPO's: gain sqrt(2), policy head 0.01, baseline head 1)"""
+    last_action_reward: bool = False
+    """feed the core/heads the previous action (one-hot) and the clipped reward, as torchbeast's and moolib's Atari nets do"""
+    total_frames: int = 200_000
+    """stop after this many environment frames (frame skip counted)"""
+    unroll_length: int = 20
+    """T: steps per unroll"""
+    batch_size: int = 32
+    """B: unrolls per learner update"""
+    num_actors: int = 0
+    """actor nodes, each with its own env workers and batched inference (0: from the plan)"""
+    num_workers: int = 0
+    """env worker processes per actor (0: from the plan)"""
+    envs_per_worker: int = 0
+    """environments each worker steps (0: from the plan, 16)"""
+    optimizer: str = "adam"
+    """the optimiser"""
+    adam_eps: float = 1e-8
+    """Adam's epsilon (torch's default; PPO's Atari runs use 1e-5)"""
+    learning_rate: float = 6e-4
+    """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
+    lr_decay_frames: int = 0
+    """frames over which the learning rate decays linearly to 0 (0: --total-frames); moolib's Atari configuration decays over 200M frames whatever it stops at"""
+    entropy_cost: float = 6e-4
+    """weight of the entropy bonus"""
+    baseline_cost: float = 0.5
+    """weight of the baseline loss"""
+    discount: float = 0.99
+    """gamma"""
+    reward_clip: float = 1.0
+    """clip rewards to [-c, c] for the learner (0: no clipping)"""
+    grad_norm_clip: float = 40.0
+    """clip the gradient norm (0: no clipping)"""
+    reduction: str = "mean"
+    """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
+    algo: str = "impala"
+    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs). Atari's default is appo with rl_games' Pong settings (unrolls of 128, batches of 64, 4 minibatches, learning rate 3e-4 with --kl-target 0.01, clip 0.2, --normalize-input; all in bench/impala/plan.py), impala with --peers; elsewhere impala, and appo's own defaults are learning rate 2.5e-4, entropy cost 0.01, gradient norm clip 0.5, V-trace lambda 0.95"""
+    epochs: int = 0
+    """appo: passes over each batch (0: from the plan)"""
+    minibatches: int = 2
+    """appo: minibatches per pass (with --shuffle unrolls, --batch-size must be a multiple)"""
+    shuffle: str = "unrolls"
+    """appo: a minibatch is whole unrolls, or single steps drawn from across the batch as PPO does (feed-forward models only)"""
+    clip: float = 0.1
+    """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
+    value_clip: float = 0.0
+    """appo: how far one batch's steps may move the baseline before its loss stops pulling (0: no clipping)"""
+    kl_target: float = 0.0
+    """appo: adapt the learning rate after every minibatch step, x1.5 when the step's KL was under half of this and /1.5 when over twice this, instead of --lr-decay-frames (rl_games' adaptive schedule; 0: off)"""
+    vtrace_lambda: float = 1.0
+    """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
+    full_action_space: bool = False
+    """Atari: all 18 actions instead of the game's minimal set"""
+    normalize_value: bool = False
+    """appo: the baseline predicts values standardised by running statistics of the value targets, which the learner updates from each batch (rl_games' normalize_value)"""
+    normalize_input: bool = False
+    """standardise every input element (pixel) by running statistics that the learner updates from each batch, instead of scaling frames by 1/255 (rl_games' normalize_input)"""
+    queue_slots: int = 0
+    """trajectory ring slots (0: 4 batches for impala, 1 for appo)"""
+    lockstep: bool = False
+    """one actor and the learner take turns: the actor steps with the weights of every update its batches made and waits for each, so a run repeats itself on one machine (slower: nothing overlaps)"""
+    device: str = "cpu"
+    """where inference and the learner run"""
+    learner_threads: int = 0
+    """torch threads of the learner (0: from the plan; actors use 1)"""
+    compile: str = "auto"
+    """torch.compile the learner's forward pass and loss: auto (convolutional models on the CPU), on, off"""
+    bf16: str = "auto"
+    """bf16 autocast in the learner (and on a CPU in the actors' inference): auto (on a GPU, and on a CPU with AVX512-BF16 or AMX), on, off"""
+    cuda_graph: str = "off"
+    """replay the actors' forward pass from a CUDA graph (--device cuda): on, off (off until measured on a GPU)"""
+    pin: str = "auto"
+    """pin the learner to its own cores and the actors with their env workers to the rest: auto (on a CPU), on, off"""
+    publish_every: int = 1
+    """learner updates between two publishes of the weights to the actors"""
+    publish_seconds: float = 0.0
+    """publish the weights at the first update this many seconds after the last publish, instead of every --publish-every updates (0: off)"""
+    top: bool = False
+    """draw the live view of python -m shmpad.top (nodes, rings, weights, counters) at the bottom of this terminal while the progress lines scroll above it (needs a terminal and rich)"""
+    tensorboard: bool = False
+    """also write the progress rows, every loss and the policy lag as TensorBoard scalars into --out/tensorboard (pip install tensorboard)"""
+    seed: int = 0
+    """seeds every environment and the networks"""
+    out: str = ""
+    """folder for config.json, log.csv, curve.png and checkpoint.pt; unset: a new runs/<env>-<date>-<time> (with --resume: the newest run of --env)"""
+    log_interval: float = 5.0
+    """seconds between progress lines"""
+    checkpoint_minutes: float = 10.0
+    """minutes between checkpoints (also written at the end)"""
+    resume: bool = False
+    """continue the run in --out from its checkpoint, with its optimiser state (same env and model)"""
+    launch_type: str = "local_mp"
+    """shmpad launch type"""
+    peers: str = ""
+    """HOST:PORT of a broker (python -m shmpad.net.broker): this host's learner joins --group and averages gradients with the group's other learners; the token comes from $SHMPAD_TOKEN or --token-file"""
+    group: str = "impala"
+    """the broker group to train with (--peers)"""
+    peer_host: str = "127.0.0.1"
+    """address on which this learner listens for the group's other learners (--peers); loopback reaches only this host: give an address the other hosts can reach"""
+    token_file: str = ""
+    """file holding the group's shared token (--peers; default: $SHMPAD_TOKEN)"""
+    min_peers: int = 1
+    """--peers: wait until this many learners are in the group before the first step (later the group may shrink)"""
+    virtual_batch_size: int = 0
+    """--peers: unrolls the group sums before each step (0: one step per reduction, i.e. batch size x peers)"""
+    backend: str = "shmpad"
+    """--peers: what moves the gradients: shmpad (its TCP ring), gloo or nccl (a torch.distributed process group per member list), auto (nccl on CUDA, else the ring below 4 learners and gloo from 4)"""
+
+
+LOCKSTEP = {"num_actors": 1, "publish_every": 1, "publish_seconds": 0.0}
+"""what --lockstep needs: one actor (the order of several would be the scheduler's), and every update published"""
+
+
+def _lockstep(args: Args, given: set[str], parser) -> Args:
+    """``args`` with ``LOCKSTEP``'s values, or the parser's error where the command line gave others."""
+    if args.peers:
+        parser.error("--lockstep takes turns between one host's actor and learner; a group (--peers) is not in step")
+    if args.resume:
+        parser.error("--lockstep starts from the learner's first weights: a run resumed (--resume) is not in step")
+    if args.device != "cpu":
+        parser.error(
+            f"--lockstep runs on the CPU, got --device {args.device}: a GPU learner publishes its weights "
+            "after its next update, which in lock step never comes, and cuDNN picks kernels by timing"
+        )
+    for name, value in LOCKSTEP.items():
+        allowed = (value, 0) if name == "num_actors" else (value,)  # --num-actors 0: the plan's choice
+        if name in given and getattr(args, name) not in allowed:
+            parser.error(f"--lockstep runs with --{name.replace('_', '-')} {value:g}, got {getattr(args, name):g}")
+    return dataclasses.replace(args, **LOCKSTEP)
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
+    """The job's settings as the command line gives them, the env family's defaults
+    (``bench/impala/plan.py``) filling in what it leaves out, checked. ``defaults``: a
+    benchmark's own values for options the command line leaves out, before the family's
+    (``bench.impala.throughput``'s short run)."""
+    parser = parser_for(Args, prog, DESCRIPTION, HELP_GROUPS, CHOICES, EXAMPLES, switched_on())
+    args = Args(**vars(parser.parse_args(argv)))
+    try:
+        family = env_family(args.env)
+    except ValueError as e:
+        raise UsageError(f"--env: {e}") from None
+    given = explicit_options(parser, argv)
+    mine = {k: v for k, v in (defaults or {}).items() if k not in given}
+    args = dataclasses.replace(args, **mine)
+    given |= set(mine)
+    # the env family's algorithm, then its defaults, under what the command line gave
+    family_defaults = defaults_for(family, args.algo if "algo" in given else None, peers=bool(args.peers))
+    args = dataclasses.replace(args, **{k: v for k, v in family_defaults.items() if k not in given})
+    if args.total_frames < 1:
+        parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
+    for name, n in dict(
+        num_actors=0,
+        num_workers=0,
+        envs_per_worker=0,
+        learner_threads=0,
+        publish_every=1,
+        publish_seconds=0,
+        epochs=0,
+        minibatches=1,
+        clip=0,
+        value_clip=0,
+        vtrace_lambda=0,
+    ).items():
+        if not getattr(args, name) >= n:
+            parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
+    if not args.adam_eps > 0:
+        parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
+    if args.cuda_graph == "on" and not args.device.startswith("cuda"):
+        parser.error(
+            f"--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got {args.device}"
+        )
+    if not (math.isfinite(args.kl_target) and args.kl_target >= 0):
+        parser.error(f"--kl-target must be a finite number >= 0 (0: off), got {args.kl_target}")
+    if args.kl_target and args.algo != "appo":
+        parser.error(
+            f"--kl-target {args.kl_target} adapts the learning rate between APPO's minibatch steps: use --algo appo"
+        )
+    if args.vtrace_lambda > 1:
+        parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
+    if args.algo == "appo" and args.shuffle == "steps":
+        if args.use_lstm:
+            parser.error(
+                "--shuffle steps makes minibatches of single steps; an LSTM core needs whole unrolls: use --shuffle unrolls"
+            )
+        if (args.unroll_length * args.batch_size) % args.minibatches:
+            parser.error(
+                f"--shuffle steps: a batch's {args.unroll_length * args.batch_size} steps (--unroll-length "
+                f"{args.unroll_length} x --batch-size {args.batch_size}) must be a multiple of --minibatches ({args.minibatches})"
+            )
+    elif args.algo == "appo" and args.batch_size % args.minibatches:
+        parser.error(
+            f"--batch-size ({args.batch_size}) must be a multiple of --minibatches ({args.minibatches}): "
+            "a minibatch is a whole number of unrolls"
+        )
+    if args.algo == "appo" and args.peers:
+        parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
+    if args.normalize_value and args.algo != "appo":
+        parser.error("--normalize-value standardises APPO's value targets: use --algo appo")
+    if args.normalize_input and args.peers:
+        parser.error("--normalize-input keeps input statistics per learner; a group's learners (--peers) would differ")
+    if args.lockstep:
+        args = _lockstep(args, given, parser)
+    if args.min_peers < 1:
+        parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
+    if args.peers:
+        try:
+            if args.peers != "env://":  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (shmpad.net.envcluster)
+                parse_address(args.peers)
+            load_token(token_file=args.token_file or None)
+        except (ValueError, lp.ShmpadError) as e:
+            parser.error(f"--peers {args.peers}: {e}")
+    if not args.out:
+        found = rundir.latest_run(args.env) if args.resume else None
+        if args.resume and found is None:
+            raise UsageError(f"--resume: no run of {args.env} under {rundir.RUNS}/ holds a checkpoint; give --out DIR")
+        args = dataclasses.replace(args, out=found or rundir.default_out(args.env))
+    return args
