@@ -24,6 +24,7 @@ from helpers.net_procs import Peer, assert_identical, procs  # noqa: F401 (procs
 from helpers.netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
+from shmpad.net.accumulator import _next_lineage
 from shmpad.net.envcluster import from_env
 from shmpad.net.torchgroup import AUTO_GLOO_FROM, ask, decide
 
@@ -216,9 +217,10 @@ def test_a_batch_size_of_a_wrong_type_is_a_type_error_before_anything_is_reduced
         unjoined.reduce_gradients(-1)
 
 
-def run_peers(bodies, **kwargs) -> list:
+def run_peers(bodies, prepare=None, **kwargs) -> list:
     """Run each ``body(acc)`` in a thread with an Accumulator of its own (two-weight
-    linear models, identical after the first sync) in one group of an in-process broker."""
+    linear models, identical after the first sync) in one group of an in-process broker;
+    ``prepare(i, acc)`` first, before the first ``ready()``."""
     results: list = [None] * len(bodies)
     errors: list = []
     with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
@@ -229,6 +231,8 @@ def run_peers(bodies, **kwargs) -> list:
                 model, broker=broker.address, group="g", name=f"t{i}", token="t", min_size=len(bodies), **kwargs
             )
             try:
+                if prepare is not None:
+                    prepare(i, acc)
                 assert acc.ready(timeout=30)
                 results[i] = body(acc, model)
             except BaseException as e:  # reported by the test's thread
@@ -309,6 +313,51 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
                 acc.close()
             if "c" in locals():
                 c.close()
+
+
+def _as_if_stepped(acc: Accumulator, lineages: list[str]) -> None:
+    """Give ``acc`` the version and lineage of steps taken in the epochs ``lineages`` names."""
+    for key in lineages:
+        acc.version += 1
+        acc.lineage = _next_lineage(acc.lineage, key)
+        acc._history[acc.version] = acc.lineage
+
+
+def _after_sync(acc, model):
+    return acc.version, acc.lineage, acc.discarded, model.weight.detach().clone()
+
+
+def _lineage_of(history: list[str]) -> int:
+    lineage = 0
+    for key in history:
+        lineage = _next_lineage(lineage, key)
+    return lineage
+
+
+@pytest.mark.parametrize(
+    "histories, forked",
+    [
+        # t1 completed a step the group abandoned, then the others took version 3 without it
+        # (a tie: the lower rank leads, so either may be the one whose step goes)
+        ([["e1", "e2", "e3"], ["e1", "e2", "e2b"]], True),
+        # the same, found by a leader that has gone two steps further since
+        ([["e1", "e2", "e3", "e4", "e5"], ["e1", "e2", "e2b"]], True),
+        # t1 is only behind, on the leader's own history: nothing of it was lost
+        ([["e1", "e2", "e3", "e4"], ["e1", "e2"]], False),
+        # t1 comes with nothing: a joiner
+        ([["e1", "e2"], []], False),
+    ],
+)
+def test_a_step_the_group_did_not_keep_is_replaced_and_counted(histories, forked):
+    """The sync's leader (the highest version, then the lowest rank) tells each member
+    whether its last step is one the leader's history lacks: that member counts it in
+    ``discarded``; afterwards every member is on the leader's version and lineage."""
+    results = run_peers([_after_sync, _after_sync], prepare=lambda i, acc: _as_if_stepped(acc, histories[i]))
+    (v0, l0, d0, w0), (v1, l1, d1, w1) = results
+    assert v0 == v1 == max(len(h) for h in histories) and l0 == l1 and torch.equal(w0, w1)
+    assert d0 + d1 == int(forked)
+    kept = [h for h, d in zip(histories, (d0, d1)) if d == 0 and len(h) == v0]
+    assert l0 in [_lineage_of(h) for h in kept], "the group is not on the history of a member that kept its steps"
 
 
 def test_weights_that_drift_apart_are_found_and_resynced():

@@ -19,6 +19,17 @@ version, and everyone loads them. A joining peer thus receives the current model
 before it contributes, and a peer whose last reduction was abandoned mid-way
 (while others completed it) is brought level too.
 
+A step can still be taken by some peers and not by others. A reduction ends on each
+member when its last piece arrives; if the group changes at that moment, a member whose
+last piece came keeps the step while the others abandon it (no protocol makes the last
+message certain). If that member is in the next ring, its version is the highest and
+everyone takes its step at the sync. If the broker dropped it (it was silent past the
+timeout), the others take that version again without it, and when it comes back its
+sync replaces its step by the group's: the leader tells it so, and it counts the step in
+``discarded`` and logs a warning. ``lineage`` names the steps that led to a version (each
+mixes in its epoch): peers at the same ``version`` and ``lineage`` hold bit-identical
+weights.
+
 Stale gradients are never averaged in. A peer that hung (SIGSTOP, a stuck call) and
 was dropped wakes up holding gradients of weights the group has left behind. Whatever
 reduction it tries on its old ring is abandoned: the others closed that ring, and
@@ -32,6 +43,7 @@ reduction without contributing (``skip_gradients``) and counts it in ``refused``
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -54,6 +66,10 @@ from shmpad.net.wire import parse_address
 __all__ = ["Accumulator"]
 
 log = logging.getLogger("shmpad.net")
+
+HISTORY = 1024
+"""how many of its latest steps' lineages a peer remembers, to tell a member that took a
+step the group did not keep from one that is only behind"""
 
 RETRY_S = 5.0
 """how long a peer whose ring failed waits for a new member list before it rejoins
@@ -156,6 +172,13 @@ class Accumulator:
         self._sum_count = 0.0
         self.version = 0
         """optimiser steps the group has taken (the same on every peer once synced)"""
+        self.lineage = 0
+        """which steps led to ``version``: each step mixes in its epoch. Two peers at the same
+        ``version`` and ``lineage`` hold the same weights; the same ``version`` with another
+        ``lineage`` is a step that a peer took and the group did not (see the module docstring)"""
+        self.discarded = 0
+        """syncs that replaced a step this peer took and the group did not keep"""
+        self._history: dict[int, int] = {0: 0}  # version -> lineage, of the last HISTORY steps
         self.abandoned = 0
         """reductions abandoned because the group changed or a peer went away"""
         self.refused = 0
@@ -348,18 +371,42 @@ class Accumulator:
     # -- state ----------------------------------------------------------------------
 
     def _sync(self, ring: PeerRing) -> None:
-        versions = np.zeros(ring.size, dtype=np.int64)
-        versions[ring.rank] = self.version
-        ring.allreduce(versions)
+        """Every member loads the state of the leader: the highest version, then the lowest
+        rank. The leader also says, for each member, whether that member's last step is one
+        its own history lacks (``discarded``)."""
+        known = np.zeros(2 * ring.size, dtype=np.int64)  # each rank's version, then lineage
+        known[ring.rank], known[ring.size + ring.rank] = self.version, self.lineage
+        ring.allreduce(known)
+        versions, lineages = known[: ring.size].tolist(), known[ring.size :].tolist()
         leader = max(range(ring.size), key=lambda r: (versions[r], -r))
-        data = ring.broadcast_bytes(self.state_bytes() if ring.rank == leader else None, leader)
+        payload = None
+        if ring.rank == leader:
+            forked = bytes(self._forked(v, lineage) for v, lineage in zip(versions, lineages))
+            payload = forked + self.state_bytes()
+        data = ring.broadcast_bytes(payload, leader)
         if ring.rank != leader:
+            if data[ring.rank]:
+                self.discarded += 1
+                log.warning(
+                    "%s: the group did not keep this peer's step to version %d (one this peer completed as the "
+                    "others abandoned it, then the group went on without it); taking the group's version %d",
+                    self.name,
+                    self.version,
+                    versions[leader],
+                )
             held = [(p, p.grad, p.grad._version) for p in self.params if p.grad is not None]
             before = self._digest() if held else None
-            self.load_state_bytes(data)
+            self.lineage = lineages[leader]
+            self.load_state_bytes(data[ring.size :])
             if held and self._digest() != before:
                 self._stale = held  # gradients of the weights just replaced: refused if reduced as they are
         self._checked = self.version
+
+    def _forked(self, version: int, lineage: int) -> bool:
+        """Whether a member at ``version`` with ``lineage`` took a step this peer's history
+        lacks (False where the history does not reach back that far)."""
+        known = self._history.get(version)
+        return version > 0 and known is not None and known != lineage
 
     def _check(self, ring: PeerRing) -> None:
         """Compare the peers' weights (one 8-byte digest each); resync if they differ.
@@ -388,6 +435,7 @@ class Accumulator:
 
     def load_state_bytes(self, data: bytes) -> None:
         self.version = load_state(data, self.model, self.optimizer, self.scheduler)
+        self._history = {self.version: self.lineage}  # what led here is the sender's history, not this peer's
 
     # -- gradients ------------------------------------------------------------------
 
@@ -479,6 +527,10 @@ class Accumulator:
             else:
                 p.grad.copy_(g)
         self.version += 1
+        self.lineage = _next_lineage(self.lineage, ring.key)
+        self._history[self.version] = self.lineage
+        if len(self._history) > HISTORY:
+            del self._history[next(iter(self._history))]
         self._clear_sum()
         return True
 
@@ -511,6 +563,13 @@ class Accumulator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _next_lineage(lineage: int, ring_key: str) -> int:
+    """The lineage after a step taken in the epoch of ``ring_key`` (a signed 64-bit int,
+    so that it travels in an int64 allreduce)."""
+    digest = hashlib.blake2b(lineage.to_bytes(8, "little", signed=True) + ring_key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def _key(membership: Membership) -> str:

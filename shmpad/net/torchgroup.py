@@ -43,12 +43,15 @@ operations then fail at once. A group closed with its operation still in flight 
 handed to a reaper thread that drops it when the operation ends (by its timeout at the
 latest), which closes its sockets in turn.
 
-Why every peer that keeps a result kept the same one. A member that gave up an
+Why a peer never keeps a result another member did not get. A member that gave up an
 operation locally (its group changed) cannot take back what its gloo threads send, so
-the others might still complete it, then go on from a step the group never took. Each
-allreduce is therefore followed by a one-element allreduce on the epoch's shmpad
-ring, which a member closes as soon as it gives up: a result counts only once every
-member got it. It costs one small ring round per reduction.
+the others might still complete it. Each allreduce is therefore followed by a
+one-element allreduce on the epoch's shmpad ring, to which a member contributes only once
+its gloo operation ended and which it closes as soon as it gives up: a result counts only
+once every member holds it. It costs one small ring round per reduction. The commit's own
+last message can still reach one member and not another as the group changes, so one
+member may keep a step the others abandon: the accumulator's module docstring says how the
+group then stays on one history (``Accumulator.lineage``, ``discarded``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ small model on data of its own and prints one JSON line per event on stdout.
     python tests/helpers/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
                                      [--grads-before-ready]
 
-Lines: ``{"event": "step", "version", "hash", "size", "abandoned", "refused", "computed_at",
+Lines: ``{"event": "step", "version", "lineage", "discarded", "hash", "size", "abandoned", "refused", "computed_at",
 "contributed", "key", "plane"}`` after each optimiser step (hash: SHA-256 of every parameter,
 buffer and the optimiser's state; computed_at: the version whose weights gave the gradients
 handed to the reduction; contributed: the accumulator did not refuse them),
@@ -109,6 +109,8 @@ def main() -> None:
                     event="step",
                     name=args.name,
                     version=acc.version,
+                    lineage=acc.lineage,
+                    discarded=acc.discarded,
                     hash=state_hash(model, optimizer),
                     size=acc.size,
                     abandoned=acc.abandoned,

@@ -136,14 +136,39 @@ def procs():
 
 
 def assert_identical(peers: list[Peer]) -> int:
-    """Every version's hash is the same on every peer that reached it; returns how many
-    versions more than one peer reached."""
-    by_version: dict[int, dict[str, str]] = collections.defaultdict(dict)
+    """Every step is the same on every peer that took it: at each version, peers of the
+    same lineage (``Accumulator.lineage``: the steps that led there) hold the same hash.
+    Returns how many versions more than one peer reached on one lineage."""
+    by_step: dict[tuple[int, int], dict[str, str]] = collections.defaultdict(dict)
     for p in peers:
         for s in p.steps:
-            by_version[s["version"]][p.name] = s["hash"]
+            by_step[s["version"], s["lineage"]][p.name] = s["hash"]
     shared = 0
-    for version, hashes in sorted(by_version.items()):
-        assert len(set(hashes.values())) == 1, f"version {version}: peers disagree: {hashes}"
+    for (version, lineage), hashes in sorted(by_step.items()):
+        if len(set(hashes.values())) > 1:
+            raise AssertionError(
+                f"version {version}, lineage {lineage}: peers disagree: {hashes}\n{_history(peers, version)}"
+            )
         shared += len(hashes) > 1
     return shared
+
+
+def _history(peers: list[Peer], version: int) -> str:
+    """Each peer's steps up to two versions past ``version``, and the first lines of its log."""
+    keep = (
+        "version",
+        "lineage",
+        "discarded",
+        "hash",
+        "size",
+        "key",
+        "computed_at",
+        "contributed",
+        "abandoned",
+        "refused",
+    )
+    parts = []
+    for p in peers:
+        steps = [{k: s.get(k) for k in keep} for s in p.steps if s["version"] <= version + 2]
+        parts.append(f"{p.name} steps: {steps}\n{p.name} log:\n{''.join(p.stderr[:60])}")
+    return "\n".join(parts)
