@@ -86,26 +86,26 @@ def test_a_fault_is_read_from_the_events_before_the_next_one():
 
 
 @pytest.mark.slow
-def test_a_tiny_run_goes_through_a_stop_and_a_kill_in_two_rounds():
+def test_a_tiny_run_goes_through_a_stop_and_a_kill():
     argv = ["--peers", "2", "--seconds", "9", "--interval", "3", "--faults", "stop,kill", "--stop-seconds", "1.5"]
-    argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--rounds", "2", "--arms", "apart", "--json"]
+    argv += ["--width", "16", "--backends", "shmpad", "--warmup", "1", "--rounds", "1", "--arms", "apart", "--json"]
     done = _bench_elastic(argv)
-    clean, faulty, clean2, faulty2, summary = (json.loads(line) for line in done.stdout.splitlines())
-    assert [a["round"] for a in (clean, faulty, clean2, faulty2)] == [1, 1, 2, 2]
-    assert (clean["faults_on"], clean["faults"], faulty["faults_on"], faulty2["faults_on"]) == (False, [], True, True)
-    kept = [faulty["steps_per_s"] / clean["steps_per_s"], faulty2["steps_per_s"] / clean2["steps_per_s"]]
-    assert summary == {"backend": "shmpad", "kept_median": pytest.approx(sum(kept) / 2), "kept": pytest.approx(kept)}
+    clean, faulty, summary = (json.loads(line) for line in done.stdout.splitlines())
+    assert [a["round"] for a in (clean, faulty)] == [1, 1]
+    assert (clean["faults_on"], clean["faults"], faulty["faults_on"]) == (False, [], True)
+    kept = [faulty["steps_per_s"] / clean["steps_per_s"]]
+    assert summary == {"backend": "shmpad", "kept_median": pytest.approx(kept[0]), "kept": pytest.approx(kept)}
     # every version two learners reached holds the same weights on both, apart from partial steps: one
     # learner's completion of a reduction another member of its ring abandoned (a change of the group came
     # while its last messages were on their way); they are counted, and the next sync replaces them
-    for arm in (clean, faulty, faulty2, clean2):
+    for arm in (clean, faulty):
         assert arm["steps_per_s"] > 0 and arm["versions_compared"] > 0
         assert arm["versions_differing"] == 0, arm
         assert 0 <= arm["partial_differing"] <= arm["partial"]
     stop = faulty["faults"][0]
     assert stop["kind"] == "stop" and stop["rejoined_s"] is not None and stop["stale"] >= 0
     # a survivor steps without a killed learner unless its new process (forked in a few ms) is back first
-    for f in faulty["faults"] + faulty2["faults"]:
+    for f in faulty["faults"]:
         assert f["detected_s"] is not None and (f["survived_s"] is not None or f["kind"] == "kill"), f
         assert f["survived_s"] is not None or f["rejoined_s"] is not None, f
 

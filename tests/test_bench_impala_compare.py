@@ -89,7 +89,7 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
     monkeypatch.setattr(compare, "run_one", recording)
     keep = tmp_path / "runs"
     argv = ["--common", f"{TINY} --total-frames 100000000", "--arm", "--learner-threads 1", "--arm", "--pin off"]
-    assert compare.main([*argv, "--rounds", "1", "--seconds", "10", "--log-interval", "1", "--keep", str(keep)]) == 0
+    assert compare.main([*argv, "--rounds", "1", "--seconds", "6", "--log-interval", "1", "--keep", str(keep)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("# bench.impala.compare") and len(pids) == 2
     assert sum(line.startswith("  round 1: arm ") for line in lines) == 2

@@ -15,15 +15,15 @@ TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --u
 
 @pytest.mark.slow
 def test_report_throughput_prints_both_measurements_and_the_targets():
-    status, text = run_bench_status(*TINY, "--rounds", "2", timeout=400, module="bench.impala.throughput")
+    status, text = run_bench_status(*TINY, "--rounds", "1", timeout=400, module="bench.impala.throughput")
     lines = text.splitlines()
     assert status == (1 if any(line.startswith("FAIL ") for line in lines) else 0), text[
         -3000:
     ]  # a missed target fails
     assert lines[0].startswith("# bench.impala.throughput")
-    assert len([line for line in lines if re.match(r"  round \d: bare loop .* updates/s; Learner.step\(\)", line)]) == 2
+    assert len([line for line in lines if re.match(r"  round 1: bare loop .* updates/s; Learner.step\(\)", line)]) == 1
     assert (
-        len([line for line in lines if re.match(r"  round \d: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 2
+        len([line for line in lines if re.match(r"  round 1: pipeline .* frames/s .* ceiling .* frames/s", line)]) == 1
     )
     for section in ("1. Learner framework cost", "2. Whole pipeline", "where the time goes:", "bottleneck: the "):
         assert any(section in line for line in lines), section
@@ -33,7 +33,7 @@ def test_report_throughput_prints_both_measurements_and_the_targets():
 
     assert lines[-1].startswith("report: ")
     report = json.loads(lines[-1][len("report: ") :])
-    assert report["env"] == "ALE/Pong-v5" and report["rounds"] == 2
+    assert report["env"] == "ALE/Pong-v5" and report["rounds"] == 1
     assert set(report["learner"]) == {"bare_updates_per_s", "ring_updates_per_s", "ring_wait_share", "ratio", "seconds"}
     assert report["learner"]["bare_updates_per_s"] > 0 and report["learner"]["ring_updates_per_s"] > 0
     assert set(report["pipeline"]) == {

@@ -46,7 +46,7 @@ def soak(tmp_path, mode: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     job = tmp_path / "job.py"
     job.write_text(JOB)
     path = tmp_path / "soak.csv"
-    argv = ["--hours", "0.004", "--sample-seconds", "0.4", "--warmup-minutes", "0.02", "--csv", str(path)]
+    argv = ["--hours", "0.002", "--sample-seconds", "0.4", "--warmup-minutes", "0.02", "--csv", str(path)]
     argv += ["--job", f"{sys.executable} {job} {mode}"]
     env = {**os.environ, "PYTHONPATH": ROOT}
     done = subprocess.run(
@@ -68,7 +68,7 @@ def test_the_job_tree_is_sampled_and_its_growth_printed(tmp_path):
     assert len(rows) >= 5
     assert list(rows[0]) == ["t_s", "processes", "rss_kb", "pss_kb", "open_files", "threads", "shm_files", "shm_bytes"]
     # the job, its child, two threads in the job, the segment: once both processes are up (on a loaded
-    # machine that may take a few of the 36 samples)
+    # machine that may take a few of the 18 samples)
     up = [r for r in rows if int(r["processes"]) == 2 and int(r["shm_files"]) == 1]
     assert up, rows
     settled = up[-1]
