@@ -360,6 +360,47 @@ def test_a_step_the_group_did_not_keep_is_replaced_and_counted(histories, forked
     assert l0 in [_lineage_of(h) for h in kept], "the group is not on the history of a member that kept its steps"
 
 
+def _ready_together(*accs: Accumulator) -> None:
+    """``accs`` ready in one ring of exactly them (once the group's list names them all)."""
+    names = {acc.name for acc in accs}
+
+    def together(acc: Accumulator) -> bool:
+        listed = acc._group.membership()
+        return listed is not None and set(listed.names) == names and acc.ready(timeout=1) and acc.size == len(accs)
+
+    threads = [threading.Thread(target=wait_until, args=(lambda acc=acc: together(acc), 60)) for acc in accs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert [acc.size for acc in accs] == [len(accs)] * len(accs)
+
+
+def test_a_leader_synced_since_the_fork_still_finds_it():
+    """A member's history is the group's, handed over at each sync: b, synced from a,
+    finds that c's version 2 is not the group's, though b never took that step itself."""
+    with Broker(port=0, token="t", settle_s=0.1, heartbeat_s=0.2, timeout_s=2.0) as broker:
+        made: list[Accumulator] = []
+
+        def make(name: str, history: list[str]) -> Accumulator:
+            acc = Accumulator(torch.nn.Linear(2, 1), broker=broker.address, group="g", name=name, token="t")
+            made.append(acc)
+            _as_if_stepped(acc, history)
+            return acc
+
+        try:
+            a, b = make("a", ["e1", "e2", "e3"]), make("b", [])
+            _ready_together(a, b)
+            assert (b.version, b.lineage, b.discarded) == (3, a.lineage, 0)
+            a.close()
+            c = make("c", ["e1", "e2b"])  # a step to version 2 that the group did not take
+            _ready_together(b, c)
+            assert (c.version, c.lineage, c.discarded, b.discarded) == (3, b.lineage, 1, 0)
+        finally:
+            for acc in made:
+                acc.close()
+
+
 def test_weights_that_drift_apart_are_found_and_resynced():
     """Steps keep the weights bit-identical only if every peer computes them the same
     way; the periodic digest check finds a peer that drifted and brings it back."""

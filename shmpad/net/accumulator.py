@@ -22,13 +22,16 @@ before it contributes, and a peer whose last reduction was abandoned mid-way
 A step can still be taken by some peers and not by others. A reduction ends on each
 member when its last piece arrives; if the group changes at that moment, a member whose
 last piece came keeps the step while the others abandon it (no protocol makes the last
-message certain). If that member is in the next ring, its version is the highest and
-everyone takes its step at the sync. If the broker dropped it (it was silent past the
-timeout), the others take that version again without it, and when it comes back its
-sync replaces its step by the group's: the leader tells it so, and it counts the step in
-``discarded`` and logs a warning. ``lineage`` names the steps that led to a version (each
-mixes in its epoch): peers at the same ``version`` and ``lineage`` hold bit-identical
-weights.
+message certain); and a peer alone in a ring steps alone. If such a peer is in the next
+ring, its version is the highest and the sync gives everyone its step. If the broker
+dropped it (it was silent past the timeout), the others may take that version again
+without it. When they meet again, the sync keeps the leader's step (the higher version,
+then the lower rank); the leader looks up every other member's version and lineage in
+its history of the group's last ``HISTORY`` steps, and a member whose step is not there
+is told so: it counts the step in ``discarded`` and logs a warning, then loads the
+group's state. ``lineage`` names the steps that led to a version (each step mixes in its
+ring's epoch): peers at the same ``version`` and ``lineage`` took the same steps, and hold
+the same weights where they compute alike (``check_every``).
 
 Stale gradients are never averaged in. A peer that hung (SIGSTOP, a stuck call) and
 was dropped wakes up holding gradients of weights the group has left behind. Whatever
@@ -47,6 +50,7 @@ import hashlib
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -67,6 +71,7 @@ __all__ = ["Accumulator"]
 
 log = logging.getLogger("shmpad.net")
 
+_COUNT = struct.Struct("<Q")
 HISTORY = 1024
 """how many of its latest steps' lineages a peer remembers, to tell a member that took a
 step the group did not keep from one that is only behind"""
@@ -173,12 +178,12 @@ class Accumulator:
         self.version = 0
         """optimiser steps the group has taken (the same on every peer once synced)"""
         self.lineage = 0
-        """which steps led to ``version``: each step mixes in its epoch. Two peers at the same
-        ``version`` and ``lineage`` hold the same weights; the same ``version`` with another
-        ``lineage`` is a step that a peer took and the group did not (see the module docstring)"""
+        """which steps led to ``version``: each step mixes in its ring's epoch. Two peers at the
+        same ``version`` and ``lineage`` took the same steps; the same ``version`` with another
+        ``lineage`` is a step that one peer took and the group did not (see the module docstring)"""
         self.discarded = 0
-        """syncs that replaced a step this peer took and the group did not keep"""
-        self._history: dict[int, int] = {0: 0}  # version -> lineage, of the last HISTORY steps
+        """syncs that replaced a step this peer held by the group's, which went on without it"""
+        self._history: dict[int, int] = {0: 0}  # version -> lineage of the group's last HISTORY steps
         self.abandoned = 0
         """reductions abandoned because the group changed or a peer went away"""
         self.refused = 0
@@ -371,9 +376,9 @@ class Accumulator:
     # -- state ----------------------------------------------------------------------
 
     def _sync(self, ring: PeerRing) -> None:
-        """Every member loads the state of the leader: the highest version, then the lowest
-        rank. The leader also says, for each member, whether that member's last step is one
-        its own history lacks (``discarded``)."""
+        """Every member loads the state of the leader (the highest version, then the lowest
+        rank) and takes its history. The leader also says, for each member, whether that
+        member's step is one its history lacks (``discarded``)."""
         known = np.zeros(2 * ring.size, dtype=np.int64)  # each rank's version, then lineage
         known[ring.rank], known[ring.size + ring.rank] = self.version, self.lineage
         ring.allreduce(known)
@@ -382,22 +387,27 @@ class Accumulator:
         payload = None
         if ring.rank == leader:
             forked = bytes(self._forked(v, lineage) for v, lineage in zip(versions, lineages))
-            payload = forked + self.state_bytes()
+            history = np.array(list(self._history.items()), dtype="<i8")
+            payload = forked + _COUNT.pack(len(history)) + history.tobytes() + self.state_bytes()
         data = ring.broadcast_bytes(payload, leader)
         if ring.rank != leader:
+            (n,) = _COUNT.unpack_from(data, ring.size)
+            start = ring.size + _COUNT.size
+            history = np.frombuffer(data, dtype="<i8", count=2 * n, offset=start).reshape(n, 2).tolist()
             if data[ring.rank]:
                 self.discarded += 1
                 log.warning(
-                    "%s: the group did not keep this peer's step to version %d (one this peer completed as the "
-                    "others abandoned it, then the group went on without it); taking the group's version %d",
+                    "%s: the group did not keep the step to version %d that this peer holds (it went on from "
+                    "another step, in a ring without this peer); taking the group's version %d",
                     self.name,
                     self.version,
                     versions[leader],
                 )
             held = [(p, p.grad, p.grad._version) for p in self.params if p.grad is not None]
             before = self._digest() if held else None
+            self.load_state_bytes(data[start + 16 * n :])
             self.lineage = lineages[leader]
-            self.load_state_bytes(data[ring.size :])
+            self._history = {version: lineage for version, lineage in history}
             if held and self._digest() != before:
                 self._stale = held  # gradients of the weights just replaced: refused if reduced as they are
         self._checked = self.version
@@ -434,8 +444,10 @@ class Accumulator:
         return dump_state(self.version, self.model, self.optimizer, self.scheduler)
 
     def load_state_bytes(self, data: bytes) -> None:
+        """Load what ``state_bytes`` gave (a checkpoint, say): the version comes with it;
+        ``lineage`` stays as it was, and the history of steps starts here."""
         self.version = load_state(data, self.model, self.optimizer, self.scheduler)
-        self._history = {self.version: self.lineage}  # what led here is the sender's history, not this peer's
+        self._history = {self.version: self.lineage}  # what led to the loaded state is not known here
 
     # -- gradients ------------------------------------------------------------------
 

@@ -137,8 +137,10 @@ def procs():
 
 def assert_identical(peers: list[Peer]) -> int:
     """Every step is the same on every peer that took it: at each version, peers of the
-    same lineage (``Accumulator.lineage``: the steps that led there) hold the same hash.
-    Returns how many versions more than one peer reached on one lineage."""
+    same lineage (``Accumulator.lineage``: the steps that led there) hold the same hash;
+    and a version reached on two lineages (a step the group did not keep) was counted by a
+    peer in ``Accumulator.discarded``. Returns how many versions more than one peer
+    reached on one lineage."""
     by_step: dict[tuple[int, int], dict[str, str]] = collections.defaultdict(dict)
     for p in peers:
         for s in p.steps:
@@ -150,6 +152,13 @@ def assert_identical(peers: list[Peer]) -> int:
                 f"version {version}, lineage {lineage}: peers disagree: {hashes}\n{_history(peers, version)}"
             )
         shared += len(hashes) > 1
+    forks = sorted({v for v, _ in by_step if sum(version == v for version, _ in by_step) > 1})
+    discarded = {p.name: p.steps[-1]["discarded"] for p in peers if p.steps}
+    if forks and not any(discarded.values()):  # a step the group did not keep must be counted where it went
+        raise AssertionError(
+            f"versions {forks} were reached on more than one lineage, but no peer counted a discarded step "
+            f"({discarded})\n{_history(peers, forks[0])}"
+        )
     return shared
 
 
