@@ -289,9 +289,9 @@ def test_what_a_node_started_in_new_sessions_ends_when_the_launcher_is_sigkilled
 
 
 @pytest.mark.slow
-def test_no_helper_survives_10_launcher_kills(tmp_path):
+def test_no_helper_survives_20_launcher_kills(tmp_path):
     survivors = []
-    for trial in range(10):
+    for trial in range(20):
         directory = tmp_path / str(trial)
         directory.mkdir()
         survivors += [f"trial {trial}: {kind}" for kind in helpers_survive_a_killed_launcher(str(directory))]
