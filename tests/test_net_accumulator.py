@@ -318,9 +318,7 @@ def test_a_group_change_while_a_ring_forms_is_not_waited_out():
 def _as_if_stepped(acc: Accumulator, lineages: list[str]) -> None:
     """Give ``acc`` the version and lineage of steps taken in the epochs ``lineages`` names."""
     for key in lineages:
-        acc.version += 1
-        acc.lineage = _next_lineage(acc.lineage, key)
-        acc._history[acc.version] = acc.lineage
+        acc._advance(key)
 
 
 def _after_sync(acc, model):

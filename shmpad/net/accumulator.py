@@ -538,13 +538,17 @@ class Accumulator:
                 p.grad = g.clone()
             else:
                 p.grad.copy_(g)
+        self._advance(ring.key)
+        self._clear_sum()
+        return True
+
+    def _advance(self, ring_key: str) -> None:
+        """Count a step taken in the epoch of ``ring_key``: the version, its lineage, the history."""
         self.version += 1
-        self.lineage = _next_lineage(self.lineage, ring.key)
+        self.lineage = _next_lineage(self.lineage, ring_key)
         self._history[self.version] = self.lineage
         if len(self._history) > HISTORY:
             del self._history[next(iter(self._history))]
-        self._clear_sum()
-        return True
 
     def _clear_sum(self) -> None:
         self._sum.zero_()

@@ -152,7 +152,7 @@ def assert_identical(peers: list[Peer]) -> int:
                 f"version {version}, lineage {lineage}: peers disagree: {hashes}\n{_history(peers, version)}"
             )
         shared += len(hashes) > 1
-    forks = sorted({v for v, _ in by_step if sum(version == v for version, _ in by_step) > 1})
+    forks = sorted(v for v, n in collections.Counter(v for v, _ in by_step).items() if n > 1)
     discarded = {p.name: p.steps[-1]["discarded"] for p in peers if p.steps}
     if forks and not any(discarded.values()):  # a step the group did not keep must be counted where it went
         raise AssertionError(
