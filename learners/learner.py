@@ -6,7 +6,7 @@ A batch is ``ring.get_batch(B, torch=True)``: zero-copy ``[B, T+1, ...]`` views 
 the ring's slots. They are copied once, made time-major ``[T+1, B, ...]``, into staging
 buffers and go back to the ring at once, before the update; on a GPU the staging is
 pinned and the batch reaches the device on a side stream while the previous update
-computes (``learners.transfer``). Weights are published every ``publish_every`` updates
+computes (``learners.staging``). Weights are published every ``publish_every`` updates
 (or every ``publish_seconds``), from a GPU without waiting for the device. ``compile``
 and ``bf16`` choose how the forward pass and the loss run. Rows follow
 ``actors.rollout``: row ``t`` holds the observation, the action taken from it and its
@@ -40,7 +40,7 @@ from actors.trajectory import LAST_ACTION, POLICY_VERSION, core_state_fields, un
 from learners.categorical import action_log_probs
 from learners.loss import ImpalaLoss, appo_loss, clip_rewards, impala_loss
 from learners.models import ActorCritic, ModelOutput
-from learners.transfer import BatchStager, WeightPublisher
+from learners.staging import BatchStager, WeightPublisher
 from learners.vtrace import from_logits
 from shmpad.errors import Timeout
 from shmpad.ringbuf import TypedRing

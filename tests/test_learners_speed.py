@@ -17,7 +17,7 @@ import torch
 from bench.impala.plan import make_plan
 from learners import make_model
 from learners.learner import Learner, LearnerConfig
-from learners.transfer import HISTORY, BatchStager, WeightPublisher
+from learners.staging import HISTORY, BatchStager, WeightPublisher
 from shmpad import WouldBlock
 from shmpad.ringbuf import TypedRing
 from shmpad.weights import WeightStore
