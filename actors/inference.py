@@ -19,7 +19,7 @@ its slot; every row records that previous action as ``last_action``.
 ``bf16`` runs the model under bf16 autocast (on a CPU with native bf16, inference
 costs about half; the logits recorded are float32).
 
-``graph`` replays the forward pass from a CUDA graph (``actors.graphs.CapturedForward``),
+``graph`` replays the forward pass from a CUDA graph (``actors.cuda_graphs.CapturedForward``),
 captured at the first batch: on a GPU a batch of a few dozen observations is bound by
 launching the model's kernels one by one from Python. Sampling stays outside the graph.
 On a CPU nothing is captured (the same code runs on static inputs), which is how it is tested.
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from actors.graphs import CapturedForward
+from actors.cuda_graphs import CapturedForward
 from actors.pool.pool import EnvPool, HalfBatch
 from actors.rollout import RolloutWriter
 from actors.trajectory import CORE_STATE_PREFIX, LAST_ACTION, POLICY_VERSION, STEP_FIELDS

@@ -36,7 +36,7 @@ import torch
 
 from shmpad.launch.process import die_with_parent
 from shmpad.net.accumulator import Accumulator
-from shmpad.net.state import digest
+from shmpad.net.model_state import digest
 
 TOKEN = "bench-elastic"
 INPUTS = 64

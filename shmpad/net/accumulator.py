@@ -63,7 +63,7 @@ from shmpad.net.allreduce import PeerRing
 from shmpad.net.envcluster import ENV_URL, from_env
 from shmpad.net.group import GroupClient, Membership
 from shmpad.net.mesh import Mesh
-from shmpad.net.state import digest, dump_state, load_state
+from shmpad.net.model_state import digest, dump_state, load_state
 from shmpad.net.torchgroup import TorchGroup, check_backend, choose
 from shmpad.net.wire import parse_address
 

@@ -1,4 +1,4 @@
-"""The actors' forward pass replayed from a CUDA graph (``actors.graphs``): on the CPU, where
+"""The actors' forward pass replayed from a CUDA graph (``actors.cuda_graphs``): on the CPU, where
 nothing is captured but a call behaves as a replay does, the inputs and outputs it keeps,
 and ``BatchedInference(graph=True)`` writing the same unrolls as without; on a GPU (skipped
 without one), a replay against the eager forward pass, before and after new weights."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_actors_rollout import TinyPolicy, unrolls
 
-from actors.graphs import CapturedForward, same_device
+from actors.cuda_graphs import CapturedForward, same_device
 from learners import make_model
 
 
