@@ -17,7 +17,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import FORK, start_session
+from helpers import FORK, pid_alive, start_session
 
 import shmpad as lp
 
@@ -28,11 +28,7 @@ _STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);
 
 def _gone(pid: int) -> bool:
     """True once ``pid`` has exited (a zombie waiting for its new parent counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return not pid_alive(pid)
 
 
 def _wait_gone(pid: int) -> bool:

@@ -205,6 +205,22 @@ def lingerer(release_fd: int) -> None:
     select.select([release_fd], [], [], DEADLINE_S)
 
 
+def test_a_zombie_launcher_counts_as_gone():
+    reg = registry.Registry.create("zombie-launcher", "local_mp", [("idle", 0)], [], [], [])
+    sampler = Sampler(reg.name)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        assert sampler.launcher_alive  # this process made the registry
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        sampler.registry.meta["launcher_pid"] = child.pid
+        assert not sampler.launcher_alive
+        assert sampler.sample()["phase"] == "launcher gone"
+    finally:
+        child.wait()
+        sampler.close()
+        reg.close()
+
+
 def test_a_sigkilled_node_shows_as_dead_with_its_exit_status():
     release_r, release_w = os.pipe()
     program = lp.Program("top-kill")

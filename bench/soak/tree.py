@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-SHM = "/dev/shm"
-PREFIX = "shmpad."  # shmpad.shm segment names: shmpad.<creator pid>.<n>.<hex>
+from shmpad.shm.pids import proc_stat
+from shmpad.shm.segment import PREFIX  # segment names: shmpad.<creator pid>.<n>.<hex>
+from shmpad.shm.segment import SHM_DIR as SHM
 
 
 @dataclass
@@ -42,13 +43,12 @@ class Tree:
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
-            stat = _read(f"/proc/{entry}/stat")
+            pid = int(entry)
+            stat = proc_stat(pid)
             if stat is None:
                 continue
-            fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
-            pid = int(entry)
-            parents[pid] = int(fields[1])
-            if int(fields[3]) == self.root:
+            parents[pid] = stat.ppid
+            if stat.session == self.root:
                 session.add(pid)
         tree = {self.root} if self.root in parents else set()
         grew = True

@@ -5,7 +5,7 @@
 ``atomics``   acquire/release loads, stores and read-modify-writes on shared words (numba)
 ``wait``      futex events: sleep until a word changes, without losing a wake-up
 ``memcopy``   memcpy between byte buffers inside numba code
-``pids``      this process's pid across fork, and whether a claimant's pid is alive
+``pids``      this process's pid across fork, whether a claimant's pid is alive, /proc/<pid>/stat
 ``arrays``    a spec of named arrays, placed at cache-line offsets, mapped with one bounds check
 ``compiled``  numba entry points called without per-call type dispatch
 

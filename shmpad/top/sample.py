@@ -36,6 +36,7 @@ from typing import Any
 from shmpad.errors import SegmentError, describe_exit
 from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing
 from shmpad.rpc.stats import CallStats
+from shmpad.shm.pids import pid_alive, proc_stat
 from shmpad.top.registry import ENDED, STATES, Registry, running_programs
 from shmpad.weights import WeightStore
 
@@ -48,20 +49,15 @@ _RING_KINDS = {"typed": TypedRing, "mpmc": MPMCRing, "spsc": SPSCRing}
 
 def proc_usage(pid: int) -> tuple[float, int] | None:
     """(CPU seconds used, resident bytes) of process ``pid``, or None if it is gone."""
+    stat = proc_stat(pid)
+    if stat is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
         with open(f"/proc/{pid}/statm", "rb") as f:
             statm = f.read()
-    except OSError:
+    except OSError:  # ended since
         return None
-    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
-    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
-    return (utime + stime) / _CLK_TCK, int(statm.split()[1]) * _PAGE
-
-
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
+    return (stat.utime + stat.stime) / _CLK_TCK, int(statm.split()[1]) * _PAGE
 
 
 def programs() -> list[dict[str, Any]]:
@@ -74,7 +70,7 @@ def programs() -> list[dict[str, Any]]:
             continue  # being made or removed right now
         meta = reg.meta
         reg.close()
-        if not _alive(int(meta.get("launcher_pid", 0))):
+        if not pid_alive(int(meta.get("launcher_pid", 0))):
             continue  # its launcher is gone; the janitor is removing it
         out.append(
             {
@@ -136,7 +132,7 @@ class Sampler:
 
     @property
     def launcher_alive(self) -> bool:
-        return _alive(int(self.registry.meta["launcher_pid"]))
+        return pid_alive(int(self.registry.meta["launcher_pid"]))
 
     def sample(self) -> dict[str, Any]:
         t = time.monotonic()

@@ -24,6 +24,8 @@ from functools import partial
 from typing import Callable, Iterable
 
 from shmpad.launch.process import die_with_parent
+from shmpad.shm.pids import pid_alive as pid_alive  # a zombie counts as dead: it holds no files any more
+from shmpad.shm.pids import proc_stat
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "shmpad."
@@ -76,16 +78,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
         time.sleep(interval)
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as dead: it holds no files any more)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
 def thread_wakeups(pid: int) -> dict[int, int]:
     """Each live thread of ``pid``: how many times it went to sleep and was woken (its
     ``voluntary_ctxt_switches``). A thread asleep in the kernel adds nothing however long it
@@ -104,13 +96,8 @@ def thread_wakeups(pid: int) -> dict[int, int]:
 def all_threads_asleep(pid: int) -> bool:
     """True when every thread of ``pid`` is blocked in the kernel (state S or D): a thread
     that spins, even one the scheduler keeps waiting for a core, is R."""
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue
+    stats = [proc_stat(pid, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+    states = [stat.state for stat in stats if stat is not None]  # None: the thread ended meanwhile
     return bool(states) and all(s in ("S", "D") for s in states)
 
 
