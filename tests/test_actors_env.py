@@ -16,14 +16,16 @@ class ReferenceAtari:
     """IMPALA/moolib preprocessing written out frame by frame on a raw ALE, seeded the
     way ``AtariEnv`` documents (ALE seed, then no-op generator, from the sequence)."""
 
-    def __init__(self, game: str, seeds: np.random.SeedSequence, noop_max: int = 30, stack: int = 4):
+    def __init__(
+        self, game: str, seeds: np.random.SeedSequence, noop_max: int = 30, stack: int = 4, sticky: float = 0.0
+    ):
         from ale_py import Action, ALEInterface, roms
 
         ale_seed, noop_seed = seeds.spawn(2)
         self.rng = np.random.default_rng(noop_seed)
         self.ale = ALEInterface()
         self.ale.setInt("random_seed", int(ale_seed.generate_state(1)[0] & 0x7FFFFFFF))
-        self.ale.setFloat("repeat_action_probability", 0.0)
+        self.ale.setFloat("repeat_action_probability", sticky)
         self.ale.setInt("frame_skip", 1)
         self.ale.loadROM(roms.get_rom_path(game))
         self.actions = self.ale.getMinimalActionSet()
@@ -48,10 +50,11 @@ class ReferenceAtari:
         return np.stack(self.frames), reward
 
 
-def test_pong_matches_the_reference_frame_by_frame():
+@pytest.mark.parametrize("sticky", [0.0, 0.25])
+def test_pong_matches_the_reference_frame_by_frame(sticky):
     seeds = seed_sequence(5, 2)
-    env = EnvConfig("ALE/Pong-v5").make(seeds)
-    ref = ReferenceAtari("pong", seed_sequence(5, 2))
+    env = EnvConfig("ALE/Pong-v5", sticky_actions=sticky).make(seeds)
+    ref = ReferenceAtari("pong", seed_sequence(5, 2), sticky=sticky)
     obs = np.zeros((4, 84, 84), np.uint8)
     env.reset(obs)
     assert np.array_equal(obs, ref.reset())
@@ -84,6 +87,24 @@ def test_noop_starts_vary_within_bounds_and_frame_skip_is_four():
     env.reset(obs)
     assert env.ale.getEpisodeFrameNumber() == 0
     assert all(np.array_equal(obs[0], obs[k]) for k in range(4))  # the first frame fills the stack
+
+
+def test_sticky_actions_change_what_an_action_does():
+    """With sticky actions the ALE sometimes repeats the previous action, so the same
+    actions from the same seeds lead elsewhere than without (the reference above shows
+    the value reaches the ALE: frame by frame equal at 0.25)."""
+
+    def play(sticky: float) -> np.ndarray:
+        env = EnvConfig("ALE/Pong-v5", sticky_actions=sticky).make(seed_sequence(3, 0))
+        obs = np.zeros(env.spec.obs_shape, np.uint8)
+        env.reset(obs)
+        rng = np.random.default_rng(0)
+        for _ in range(200):
+            env.step(int(rng.integers(env.spec.num_actions)), obs)
+        return obs.copy()
+
+    assert np.array_equal(play(0.0), play(0.0))
+    assert not np.array_equal(play(0.0), play(0.5))
 
 
 def test_life_loss_is_terminal_only_when_asked():
@@ -125,6 +146,9 @@ def test_unknown_env_id_names_it_and_suggests():
 def test_bad_options():
     with pytest.raises(ValueError, match="frame_skip must be >= 1, got 0"):
         EnvConfig("ALE/Pong-v5", frame_skip=0)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=rf"sticky_actions must be a probability in \[0, 1\), got {bad}"):
+            EnvConfig("ALE/Pong-v5", sticky_actions=bad)
     with pytest.raises(ValueError, match="reward_clip must be None or > 0, got -1"):
         EnvConfig("CartPole-v1", reward_clip=-1)
     with pytest.raises(ValueError, match=r"screen_size must be at most 160 \(the screen is 210x160\), got 200"):

@@ -69,6 +69,30 @@ def test_main_prints_both_policies_and_appends_eval_csv(tmp_path, capsys):
         assert float(r["min"]) <= float(r["median"]) <= float(r["max"]) and float(r["min"]) >= 1
 
 
+def test_an_atari_run_is_played_under_its_protocol_over_whole_games(tmp_path, capsys):
+    run = tmp_path / "run"
+    _run_folder(run, env="ALE/Pong-v5", model="shallow", frames=7)
+    with open(run / "config.json") as f:
+        config = json.load(f)
+    config.update(protocol="sticky", sticky_actions=0.25, full_action_space=True, noop_max=0, episodic_life=False)
+    with open(run / "config.json", "w") as f:
+        json.dump(config, f)
+    with pytest.raises(RuntimeError):  # the folder's model has Pong's minimal 6 actions, not the full 18
+        play.load_run(str(run))
+    _run_folder(run, env="ALE/Pong-v5", model="shallow", frames=7)
+    config.update(full_action_space=False, episodic_life=True, protocol="custom")
+    with open(run / "config.json", "w") as f:
+        json.dump(config, f)
+    _, env, _, _ = play.load_run(str(run))
+    assert (env.sticky_actions, env.noop_max, env.full_action_space) == (0.25, 0, False)
+    assert env.terminal_on_life_loss is False  # whole games, whatever the training did
+    # a run from before the protocol was a setting: no sticky actions, 30 no-ops, no life loss
+    _run_folder(run, env="ALE/Pong-v5", model="shallow", frames=7)
+    assert play.main([str(run), "--episodes", "1", "--max-steps", "50", "--policy", "greedy"]) == 0
+    out = capsys.readouterr().out
+    assert "custom protocol: sticky actions 0, minimal action set, up to 30 no-ops, no life loss" in out
+
+
 def test_gif_of_an_atari_episode(tmp_path):
     run = tmp_path / "pong"
     _run_folder(run, env="ALE/Pong-v5", model="shallow")

@@ -407,3 +407,44 @@ def test_lockstep_refuses_what_would_put_it_out_of_step(argv, message, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--lockstep", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_the_atari_protocol_is_a_preset_whose_options_win_and_is_named_everywhere(tmp_path, capsys):
+    envpool = train.parse_args(["--env", "ALE/Breakout-v5"])
+    assert (envpool.protocol, envpool.sticky_actions, envpool.full_action_space) == ("envpool", 0.0, False)
+    assert (envpool.noop_max, envpool.episodic_life, envpool.reward_clip) == (30, True, 1.0)
+    sticky = train.parse_args(["--env", "ALE/Breakout-v5", "--protocol", "sticky"])
+    assert (sticky.protocol, sticky.sticky_actions, sticky.full_action_space) == ("sticky", 0.25, True)
+    assert (sticky.noop_max, sticky.episodic_life) == (0, False)
+    # an option the command line gives wins over the preset, and the protocol is then custom
+    changed = train.parse_args(["--env", "ALE/Breakout-v5", "--protocol", "sticky", "--no-full-action-space"])
+    assert (changed.protocol, changed.full_action_space, changed.sticky_actions) == ("custom", False, 0.25)
+    assert train.parse_args(["--env", "ALE/Breakout-v5", "--sticky-actions", "0"]).protocol == "envpool"
+    # what the nodes get
+    env = train.resolve(sticky).env
+    assert (env.sticky_actions, env.full_action_space, env.noop_max, env.terminal_on_life_loss) == (0.25, True, 0, False)
+    assert train.resolve(envpool).env.terminal_on_life_loss is True
+    # the plan line and config.json
+    line = train.summary(sticky, make_plan(sticky))
+    assert "sticky protocol: sticky actions 0.25, full action set, no no-ops, no life loss" in line
+    out = str(tmp_path / "run")
+    job = train.resolve(dataclasses.replace(sticky, out=out))
+    train.prepare_run(dataclasses.replace(sticky, out=out), job)
+    config = rundir.recorded_config(out)
+    assert (config["protocol"], config["sticky_actions"], config["episodic_life"]) == ("sticky", 0.25, False)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--protocol", "dqn"], "argument --protocol: invalid choice: 'dqn'"),
+        (["--sticky-actions", "1"], "--sticky-actions must be in [0, 1), got 1.0"),
+        (["--noop-max", "-1"], "--noop-max must be >= 0, got -1"),
+        (["--env", "CartPole-v1", "--protocol", "sticky"], "--protocol: Atari settings, and CartPole-v1 is not"),
+        (["--env", "CartPole-v1", "--no-episodic-life"], "--episodic-life: Atari settings, and CartPole-v1 is not"),
+    ],
+)
+def test_a_protocol_out_of_range_or_off_atari_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(argv)
+    assert message in capsys.readouterr().err

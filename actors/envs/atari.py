@@ -5,8 +5,10 @@ the observation is the pixel-wise max of the grayscale screens of the last two o
 those frames, area-resized to ``screen_size`` squared and pushed onto a stack of
 ``frame_stack`` frames (oldest first). A reset starts a game and plays 1..``noop_max``
 single no-op frames (a new game if those end one), then fills the whole stack with
-the first frame. No sticky actions. This is gymnasium's ``AtariPreprocessing`` +
-``FrameStackObservation`` over ``ALE/*-v5`` with ``repeat_action_probability=0``,
+the first frame. Each emulator frame repeats the previous action with probability
+``sticky_actions`` (the ALE's own ``repeat_action_probability``). This is gymnasium's
+``AtariPreprocessing`` + ``FrameStackObservation`` over ``ALE/*-v5`` with that
+``repeat_action_probability``,
 except that the screens go from the ALE into the stack without a Python-level copy.
 
 With ``terminal_on_life_loss`` a lost life gives ``done`` but the game goes on, as
@@ -40,6 +42,7 @@ class AtariEnv:
         seeds: np.random.SeedSequence,
         *,
         full_action_space: bool,
+        sticky_actions: float,
         terminal_on_life_loss: bool,
         noop_max: int,
         frame_skip: int,
@@ -58,7 +61,7 @@ class AtariEnv:
         self._noop = Action.NOOP
         self.ale = ale = ALEInterface()
         ale.setInt("random_seed", int(ale_seed.generate_state(1)[0] & 0x7FFFFFFF))
-        ale.setFloat("repeat_action_probability", 0.0)
+        ale.setFloat("repeat_action_probability", float(sticky_actions))
         ale.setInt("frame_skip", 1)
         ale.setInt("max_num_frames_per_episode", int(max_episode_frames))
         ale.loadROM(roms.get_rom_path(rom_kwargs["game"]))

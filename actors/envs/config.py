@@ -27,7 +27,8 @@ class EnvConfig:
     IMPALA/moolib preprocessing, ignoring the id's own frame skip and sticky actions:
     frame skip ``frame_skip`` with the max over the last two frames, 1..``noop_max``
     no-ops after each reset, grayscale ``screen_size`` x ``screen_size`` by area
-    averaging, a stack of ``frame_stack`` frames, no sticky actions. Any other
+    averaging, a stack of ``frame_stack`` frames, sticky actions with probability
+    ``sticky_actions`` (``protocol.py`` names the settings a result depends on). Any other
     gymnasium id is stepped as it is, with ``gym_kwargs`` passed to ``gymnasium.make``.
     """
 
@@ -50,6 +51,8 @@ class EnvConfig:
     """Clip the learner's reward to [-reward_clip, reward_clip]; episode returns stay unclipped."""
     gym_kwargs: dict[str, Any] = field(default_factory=dict)
     """Other ids: keyword arguments for ``gymnasium.make``."""
+    sticky_actions: float = 0.0
+    """Atari: the probability that an emulator frame repeats the previous action (ALE's repeat_action_probability)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str):
@@ -66,6 +69,8 @@ class EnvConfig:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not (isinstance(self.sticky_actions, (int, float)) and 0 <= self.sticky_actions < 1):
+            raise ValueError(f"sticky_actions must be a probability in [0, 1), got {self.sticky_actions!r}")
         if self.reward_clip is not None and not self.reward_clip > 0:
             raise ValueError(f"reward_clip must be None or > 0, got {self.reward_clip}")
         if not isinstance(self.gym_kwargs, dict):
@@ -104,6 +109,7 @@ class EnvConfig:
                 spec.kwargs,
                 seeds,
                 full_action_space=self.full_action_space,
+                sticky_actions=self.sticky_actions,
                 terminal_on_life_loss=self.terminal_on_life_loss,
                 noop_max=self.noop_max,
                 frame_skip=self.frame_skip,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from actors import EnvConfig
+from actors.envs.protocol import protocol_of
 from actors.envs.spec import seed_sequence
 from actors.inference import sample_actions
 from bench.impala import rundir
@@ -63,7 +64,14 @@ def load_run(folder: str) -> tuple[dict[str, Any], EnvConfig, torch.nn.Module, i
             raise FileNotFoundError(f"{folder} is not a bench.impala run with a checkpoint: {path} is missing")
     with open(config_path) as f:
         config = json.load(f)
-    env = EnvConfig(config["env"], full_action_space=bool(config.get("full_action_space", False)), reward_clip=None)
+    protocol = protocol_of(config)
+    env = EnvConfig(  # whole games: a lost life ends no episode here, whatever the training did
+        config["env"],
+        full_action_space=protocol.full_action_space,
+        sticky_actions=protocol.sticky_actions,
+        noop_max=protocol.noop_max,
+        reward_clip=None,
+    )
     spec = env.spec()
     model = make_model(
         config["model"],
@@ -192,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     gif_policy = policies[-1]
     trained = f"{frames_trained:,} frames" if frames_trained is not None else "frames unknown"
     print(f"evaluating {args.run} ({config['env']}, model {config['model']}, {trained})", flush=True)
+    if env.is_atari:
+        print(protocol_of(config).describe(), flush=True)
     rows = []
     for policy in policies:
         screens: list[np.ndarray] | None = [] if args.gif and policy == gif_policy else None

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 import shmpad as lp
+from actors.envs.protocol import PROTOCOLS, protocol_of
 from bench.common.cli import explicit_options, parser_for
 from bench.impala import rundir
 from bench.impala.plan import defaults_for, env_family, switched_on
@@ -31,6 +32,14 @@ class UsageError(Exception):
 class Args:
     env: str = "ALE/Pong-v5"
     """gymnasium environment id; Atari ids get IMPALA's preprocessing"""
+    protocol: str = "envpool"
+    """Atari: the protocol a result is stated under, a preset of the five options below it: envpool (no sticky actions, minimal action set, up to 30 no-ops, episodic life, rewards clipped to 1: the fast published PPO runs') or sticky (sticky actions 0.25, all 18 actions, no no-ops, no life loss: ALE v5's recommendation and DreamerV3's); any of the five given otherwise makes it custom"""
+    sticky_actions: float = 0.0
+    """Atari: the probability that an emulator frame repeats the previous action"""
+    noop_max: int = 30
+    """Atari: a reset plays 1..N no-op frames (0: none)"""
+    episodic_life: bool = True
+    """Atari: a lost life ends a training episode (the game goes on, and returns are whole games)"""
     model: str = "shallow"
     """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
     use_lstm: bool = False
@@ -145,6 +154,9 @@ class Args:
     """--peers: what moves the gradients: shmpad (its TCP ring), gloo or nccl (a torch.distributed process group per member list), auto (nccl on CUDA, else the ring below 4 learners and gloo from 4)"""
 
 
+PROTOCOL_OPTIONS = {"protocol", *PROTOCOLS["envpool"].fields()}
+"""the options that set the Atari protocol (``actors/envs/protocol.py``)"""
+
 LOCKSTEP = {"num_actors": 1, "publish_every": 1, "publish_seconds": 0.0}
 """what --lockstep needs: one actor (the order of several would be the scheduler's), and every update published"""
 
@@ -172,7 +184,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     (``bench/impala/plan.py``) filling in what it leaves out, checked. ``defaults``: a
     benchmark's own values for options the command line leaves out, before the family's
     (``bench.impala.throughput``'s short run)."""
-    parser = parser_for(Args, prog, DESCRIPTION, HELP_GROUPS, CHOICES, EXAMPLES, switched_on())
+    parser = parser_for(
+        Args, prog, DESCRIPTION, HELP_GROUPS, CHOICES, EXAMPLES, switched_on() | {"episodic_life", "full_action_space"}
+    )
     args = Args(**vars(parser.parse_args(argv)))
     try:
         family = env_family(args.env)
@@ -185,6 +199,18 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     # the env family's algorithm, then its defaults, under what the command line gave
     family_defaults = defaults_for(family, args.algo if "algo" in given else None, peers=bool(args.peers))
     args = dataclasses.replace(args, **{k: v for k, v in family_defaults.items() if k not in given})
+    if family == "atari":
+        preset = PROTOCOLS[args.protocol].fields()
+        args = dataclasses.replace(args, **{k: v for k, v in preset.items() if k not in given})
+        protocol = protocol_of(args)
+        try:
+            protocol.check()
+        except ValueError as e:
+            parser.error(f"--{str(e).replace('_', '-')}")
+        args = dataclasses.replace(args, protocol=protocol.name)  # "custom" where an option changed a preset's
+    elif given & (PROTOCOL_OPTIONS - {"reward_clip"}):
+        names = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(given & (PROTOCOL_OPTIONS - {"reward_clip"})))
+        parser.error(f"{names}: Atari settings, and {args.env} is not an Atari game")
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
     for name, n in dict(

@@ -135,6 +135,9 @@ def resolve(args: Args, plan: Plan | None = None) -> Job:
     env = EnvConfig(
         args.env,
         full_action_space=args.full_action_space,
+        sticky_actions=args.sticky_actions,
+        noop_max=args.noop_max,
+        terminal_on_life_loss=args.episodic_life,
         reward_clip=None,  # the learner clips; episode returns stay true either way
     )
     learner = LearnerConfig(
@@ -445,6 +448,9 @@ IDENTITY = (
     "use_lstm",
     "last_action_reward",
     "full_action_space",
+    "sticky_actions",
+    "noop_max",
+    "episodic_life",
     "normalize_input",
     "normalize_value",
 )

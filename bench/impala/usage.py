@@ -11,13 +11,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from actors.envs.protocol import PROTOCOLS, protocol_of
 from bench.impala import rundir
 from bench.impala.plan import FAMILY_DEFAULTS, Plan, defaults_for, env_family, pinned_cpus, usable_cores
 
 __all__ = ["CHOICES", "EXAMPLES", "HELP_GROUPS", "advice", "publishing", "summary"]
 
 HELP_GROUPS = {
-    "environment": ["env", "full_action_space", "seed"],
+    "environment": ["env", "seed"],
+    "Atari protocol (actors/envs/protocol.py)": [
+        "protocol",
+        "sticky_actions",
+        "full_action_space",
+        "noop_max",
+        "episodic_life",
+        "reward_clip",
+    ],
     "model": ["model", "init", "use_lstm", "last_action_reward", "normalize_input", "normalize_value"],
     "learning": [
         "total_frames",
@@ -30,7 +39,6 @@ HELP_GROUPS = {
         "entropy_cost",
         "baseline_cost",
         "discount",
-        "reward_clip",
         "grad_norm_clip",
         "reduction",
         "algo",
@@ -65,6 +73,7 @@ HELP_GROUPS = {
     "output": ["out", "resume", "log_interval", "checkpoint_minutes", "tensorboard", "launch_type"],
 }
 CHOICES = {
+    "protocol": tuple(PROTOCOLS),
     "model": ("shallow", "deep", "mlp"),
     "init": ("torch", "orthogonal"),
     "optimizer": ("adam", "rmsprop"),
@@ -115,9 +124,10 @@ def summary(args: Any, plan: Plan) -> str:
         if args.algo == "impala"
         else f"APPO ({plan.epochs} epochs x {args.minibatches} minibatches of {args.shuffle})"
     )
+    protocol = f"\n{protocol_of(args).describe()}" if env_family(args.env) == "atari" else ""
     return (
         f"{algo} on {args.env}: model {args.model}{core}, {args.total_frames:,} frames, "
-        f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)})\n"
+        f"out {args.out} (every setting: {os.path.join(args.out, rundir.CONFIG)}){protocol}\n"
         f"plan for {usable_cores()} core(s), {args.device}: {plan.num_actors} actor(s) x {plan.num_workers} env "
         f"workers x {plan.envs_per_worker} envs, learner {plan.learner_threads} thread(s), "
         f"{'compiled' if plan.compile else 'eager'}, {'bf16' if plan.bf16 else 'fp32'}, "
