@@ -391,26 +391,87 @@ def test_recv_json_refuses_deeply_nested_json_with_a_log_line(json_listener, log
 
 @pytest.mark.parametrize(
     "address, expected",
-    [("10.0.0.1:4431", ("10.0.0.1", 4431)), ("[::1]:80", ("::1", 80)), (("h", 5), ("h", 5)), ("host:0", ("host", 0))],
+    [
+        ("10.0.0.1:4431", ("10.0.0.1", 4431)),
+        ("[::1]:80", ("::1", 80)),
+        (("h", 5), ("h", 5)),
+        ("host:0", ("host", 0)),
+        ("host.example:65535", ("host.example", 65535)),
+    ],
 )
 def test_parse_address(address, expected):
     assert wire.parse_address(address) == expected
+    assert wire.parse_address(wire.join_address(*expected)) == expected
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [("4431", ("127.0.0.1", 4431)), (":4431", ("127.0.0.1", 4431)), (0, ("127.0.0.1", 0)), ("h:80", ("h", 80))],
+)
+def test_parse_address_with_a_default_host_takes_a_port_alone(address, expected):
+    assert wire.parse_address(address, default_host="127.0.0.1") == expected
 
 
 @pytest.mark.parametrize(
     "address, error, message",
     [
         ("localhost", ValueError, "address 'localhost' has no port; use HOST:PORT"),
+        ("", ValueError, "address '' has no port; use HOST:PORT"),
+        ("4431", ValueError, "address '4431' has no port; use HOST:PORT"),  # no default host: a host named 4431
         ("h:http", ValueError, "address 'h:http': port 'http' is not a number"),
+        ("h:", ValueError, "address 'h:': port '' is not a number"),
+        ("h:-1", ValueError, "address 'h:-1': port '-1' is not a number"),
+        ("h: 80", ValueError, "address 'h: 80': port ' 80' is not a number"),
+        ("h:\u0668\u0660", ValueError, "address 'h:\u0668\u0660': port '\u0668\u0660' is not a number"),
         (":4431", ValueError, "address ':4431' has no host"),
+        ("[]:4431", ValueError, r"address '\[\]:4431' has no host"),
         ("h:70000", ValueError, "address 'h:70000': port must be in 0..65535, got 70000"),
-        (4431, TypeError, "got int"),
+        ("::1:80", ValueError, r"address '::1:80': an IPv6 host goes in brackets, as \[::1\]:4431"),
+        ("[::1]", ValueError, r"address '\[::1\]': an IPv6 host in brackets takes a port"),
+        ("[::1:80", ValueError, r"address '\[::1:80': an IPv6 host in brackets takes a port"),
+        ("tcp://h:80", ValueError, "address 'tcp://h:80': no scheme here; use HOST:PORT"),
+        ("my host:80", ValueError, "address 'my host:80': host 'my host' holds a space"),
+        (4431, TypeError, "address must be 'HOST:PORT', a \\(host, port\\) pair, got int"),
+        (None, TypeError, "got NoneType"),
         (("h", "80"), TypeError, r"address \('h', '80'\): port must be an int, got str"),
+        (("h", True), TypeError, r"address \('h', True\): port must be an int, got bool"),
+        (("h",), TypeError, r"address \('h',\) must be a \(host: str, port: int\) pair"),
+        (("h", 70000), ValueError, r"address \('h', 70000\): port must be in 0..65535, got 70000"),
     ],
 )
 def test_parse_address_errors_name_the_value(address, error, message):
     with pytest.raises(error, match=message):
         wire.parse_address(address)
+
+
+def test_parse_address_with_a_default_host_refuses_a_bool_and_a_name_alone():
+    with pytest.raises(TypeError, match=r"a \(host, port\) pair or a port number, got bool"):
+        wire.parse_address(True, default_host="127.0.0.1")
+    with pytest.raises(ValueError, match="address 'localhost' has no port; use HOST:PORT"):
+        wire.parse_address("localhost", default_host="127.0.0.1")
+
+
+def test_refuse_tells_the_peer_why_logs_it_and_closes(logs):
+    ours, theirs = socket.socketpair()
+    conn, other = wire.Connection(ours, "them"), wire.Connection(theirs, "us")  # each named for its peer
+    try:
+        conn.refuse("it asked for ring 'x' twice", {"refused": "ring 'x' twice"})
+        assert conn.closed
+        assert log_line(logs, "them") == "closing connection from them: it asked for ring 'x' twice"
+        assert other.recv_json() == {"refused": "ring 'x' twice"}
+        with pytest.raises(ConnectionError, match="^us closed the connection$"):
+            other.recv_json()
+    finally:
+        other.close()
+        conn.close()
+
+
+def test_refuse_closes_a_connection_whose_peer_has_left():
+    ours, theirs = socket.socketpair()
+    conn = wire.Connection(ours, "them")
+    theirs.close()
+    conn.refuse("too late", {"refused": "too late"})  # nobody to tell: no error
+    assert conn.closed
 
 
 def test_load_token(tmp_path, monkeypatch):
@@ -474,7 +535,7 @@ def test_sockets_trickling_bytes_cannot_keep_members_out(listener, caplog):
     while the attack still holds every handshake slot: a handshake pending for
     EVICT_AFTER_S is evicted to make room (the listener logs each eviction)."""
     caplog.set_level(logging.WARNING, logger="shmpad.net")
-    host, port = listener.address.rsplit(":", 1)
+    address = wire.parse_address(listener.address)
     stop = threading.Event()
     attackers: list[socket.socket] = []
 
@@ -489,7 +550,7 @@ def test_sockets_trickling_bytes_cannot_keep_members_out(listener, caplog):
 
     for _ in range(40):
         try:
-            attackers.append(socket.create_connection((host, int(port)), timeout=5))
+            attackers.append(socket.create_connection(address, timeout=5))
         except OSError:
             pass
     thread = threading.Thread(target=trickle, daemon=True)

@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from shmpad.errors import AuthError, FrameError
-from shmpad.net.wire import MAC, MAX_FRAME, VERSION, Connection, parse_address
+from shmpad.net.wire import MAC, MAX_FRAME, VERSION, Connection, join_address, parse_address
 
 __all__ = ["Listener", "accept", "connect", "load_token"]
 
@@ -248,7 +248,7 @@ class Listener:
 
     @property
     def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return join_address(self.host, self.port)
 
     def _accept_loop(self) -> None:
         while not self._closed.is_set():

@@ -325,12 +325,7 @@ class Broker:
 
 
 def _refuse(conn: wire.Connection, message: str) -> None:
-    log.warning("refused %s: %s", conn.peer, message)
-    try:
-        conn.send_json({"op": "error", "message": message})
-    except ConnectionError:
-        pass
-    conn.close()
+    conn.refuse(message, {"op": "error", "message": message})
 
 
 def _entry_bytes(session: _Session) -> int:

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from shmpad.net.wire import parse_address
+from shmpad.net.wire import join_address, parse_address
 
 __all__ = ["ENV_URL", "EnvCluster", "from_env"]
 
@@ -60,6 +60,6 @@ def from_env(environ: Mapping[str, str] | None = None) -> EnvCluster:
     if not 1 <= numbers["MASTER_PORT"] <= 65535:
         raise ValueError(f"{ENV_URL}: MASTER_PORT must be in 1..65535, got {numbers['MASTER_PORT']}")
     host = environ["MASTER_ADDR"]
-    address = f"[{host}]:{numbers['MASTER_PORT']}" if ":" in host else f"{host}:{numbers['MASTER_PORT']}"
+    address = join_address(host, numbers["MASTER_PORT"])
     parse_address(address)
     return EnvCluster(address, numbers["RANK"], numbers["WORLD_SIZE"])

@@ -335,9 +335,4 @@ class Mesh:
 
 
 def _refuse(conn: Connection, reason: str) -> None:
-    log.warning("mesh: refused %s: %s", conn.peer, reason)
-    try:
-        conn.send_json({"refused": reason})
-    except (ConnectionError, OSError):
-        pass
-    conn.close()
+    conn.refuse(f"mesh: {reason}", {"refused": reason})

@@ -31,6 +31,7 @@ objects do: cross-host RPC).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -40,7 +41,7 @@ import socket
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from shmpad.errors import FrameError
 
@@ -49,6 +50,7 @@ __all__ = [
     "Connection",
     "Frame",
     "Kind",
+    "join_address",
     "parse_address",
 ]
 
@@ -75,33 +77,59 @@ class Kind(enum.IntEnum):
 # ---------------------------------------------------------------- addresses
 
 
-def parse_address(address: str | tuple[str, int], default_port: int | None = None) -> tuple[str, int]:
-    """``"host:port"`` (or ``"[v6]:port"``, or a ``(host, port)`` pair) as ``(host, port)``."""
+def parse_address(address: str | int | tuple[str, int], default_host: str | None = None) -> tuple[str, int]:
+    """``"HOST:PORT"`` (``"[V6]:PORT"`` for an IPv6 host) or a ``(host, port)`` pair, as
+    ``(host, port)``, the port in 0..65535 (0: a listener picks a free one). Given
+    ``default_host``, a port alone (``"PORT"``, ``":PORT"`` or an int) is at that host.
+    Every refusal is a ``ValueError`` (``TypeError`` for a wrong type) naming ``address``."""
     if isinstance(address, tuple):
+        if len(address) != 2 or not isinstance(address[0], str):
+            raise TypeError(f"address {address!r} must be a (host: str, port: int) pair")
         host, port = address
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise TypeError(f"address {address!r}: port must be an int, got {type(port).__name__}")
+    elif isinstance(address, int) and not isinstance(address, bool) and default_host is not None:
+        host, port = "", address
     elif isinstance(address, str):
-        host, sep, port_text = address.rpartition(":")
-        if not sep or host.count(":") and not host.startswith("["):
-            host, port_text = address, ""
-        host = host.strip("[]")
-        if port_text:
-            try:
-                port = int(port_text)
-            except ValueError:
-                raise ValueError(f"address {address!r}: port {port_text!r} is not a number; use HOST:PORT") from None
-        elif default_port is not None:
-            port = default_port
-        else:
-            raise ValueError(f"address {address!r} has no port; use HOST:PORT")
+        host, port = _split(address, default_host is not None)
     else:
-        raise TypeError(f"address must be 'HOST:PORT' or a (host, port) tuple, got {type(address).__name__}")
+        port_alone = " or a port number" if default_host is not None else ""
+        raise TypeError(f"address must be 'HOST:PORT', a (host, port) pair{port_alone}, got {type(address).__name__}")
+    host = host or default_host or ""
     if not host:
         raise ValueError(f"address {address!r} has no host; use HOST:PORT")
-    if not isinstance(port, int):
-        raise TypeError(f"address {address!r}: port must be an int, got {type(port).__name__}")
+    if any(c.isspace() for c in host):
+        raise ValueError(f"address {address!r}: host {host!r} holds a space; use HOST:PORT")
     if not 0 <= port <= 65535:
         raise ValueError(f"address {address!r}: port must be in 0..65535, got {port!r}")
     return host, port
+
+
+def _split(address: str, port_alone: bool) -> tuple[str, int]:
+    """``address``'s host (``""`` when it has none) and port; ``port_alone``: ``"PORT"`` is
+    a port without a host."""
+    if "://" in address:
+        raise ValueError(f"address {address!r}: no scheme here; use HOST:PORT")
+    if address.startswith("["):
+        host, sep, port_text = address[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"address {address!r}: an IPv6 host in brackets takes a port, as [::1]:4431")
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            if not (port_alone and address.isascii() and address.isdigit()):
+                raise ValueError(f"address {address!r} has no port; use HOST:PORT")
+            host, port_text = "", address
+        elif ":" in host:
+            raise ValueError(f"address {address!r}: an IPv6 host goes in brackets, as [::1]:4431")
+    if not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"address {address!r}: port {port_text!r} is not a number; use HOST:PORT")
+    return host, int(port_text)
+
+
+def join_address(host: str, port: int) -> str:
+    """``"HOST:PORT"`` (``"[V6]:PORT"``): what ``parse_address`` reads back as ``(host, port)``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ---------------------------------------------------------------- connections
@@ -214,15 +242,15 @@ class Connection:
         self.recv_into(memoryview(self._header), what="a frame header")
         magic, version, kind, flags, tag, length = HEADER.unpack(self._header)
         if magic != FRAME_MAGIC:
-            self._refuse(f"bad frame magic {bytes(magic)!r} (expected {FRAME_MAGIC!r})")
+            self._bad_frame(f"bad frame magic {bytes(magic)!r} (expected {FRAME_MAGIC!r})")
         if version != VERSION:
-            self._refuse(f"frame version {version} (this side speaks {VERSION})")
+            self._bad_frame(f"frame version {version} (this side speaks {VERSION})")
         if kind not in Kind._value2member_map_:
-            self._refuse(f"unknown frame kind {kind}")
+            self._bad_frame(f"unknown frame kind {kind}")
         if length > self.max_frame:
-            self._refuse(f"frame claims {length} bytes, the limit is {self.max_frame}")
+            self._bad_frame(f"frame claims {length} bytes, the limit is {self.max_frame}")
         if kind == Kind.CONTROL and length > MAX_CONTROL:
-            self._refuse(f"control frame claims {length} bytes, the limit is {MAX_CONTROL}")
+            self._bad_frame(f"control frame claims {length} bytes, the limit is {MAX_CONTROL}")
         return kind, flags, tag, length
 
     def recv(self) -> Frame:
@@ -230,14 +258,14 @@ class Connection:
         and removed)."""
         kind, flags, tag, length = self.recv_header()
         if kind == Kind.PICKLE and length < MAC:
-            self._refuse(f"PICKLE frame of {length} bytes is shorter than its {MAC}-byte integrity tag")
+            self._bad_frame(f"PICKLE frame of {length} bytes is shorter than its {MAC}-byte integrity tag")
         payload = self._recv_payload(length)
         if kind != Kind.PICKLE:
             return Frame(kind, flags, tag, payload)
         body = memoryview(payload)[:-MAC]
         expected = self._seal(self._recv_key, self._recv_seq, bytes(self._header), (body,))
         if not hmac.compare_digest(expected, payload[-MAC:]):
-            self._refuse(
+            self._bad_frame(
                 "PICKLE frame failed its integrity check (injected, replayed or corrupted); it was not decoded"
             )
         self._recv_seq += 1
@@ -248,13 +276,13 @@ class Connection:
         (``FrameError``) before its payload is read, so it costs no memory."""
         kind, flags, tag, length = self.recv_header()  # refuses a CONTROL frame over MAX_CONTROL
         if kind != Kind.CONTROL:
-            self._refuse(f"expected a CONTROL frame, got kind {kind} ({length} bytes)")
+            self._bad_frame(f"expected a CONTROL frame, got kind {kind} ({length} bytes)")
         payload = self._recv_payload(length)
         frame = Frame(kind, flags, tag, payload)
         try:
             return frame.json()
         except FrameError as e:
-            self._refuse(str(e))
+            self._bad_frame(str(e))
 
     def _recv_payload(self, length: int) -> bytearray:
         """A payload of ``length`` bytes, in a buffer that grows as bytes arrive (the
@@ -294,10 +322,18 @@ class Connection:
                 raise
             raise ConnectionError(f"connection to {self.peer} broke while receiving {what}: {e}") from None
 
-    def _refuse(self, reason: str) -> None:
-        log.warning("closing connection from %s: %s", self.peer, reason)
-        self.close()
+    def _bad_frame(self, reason: str) -> NoReturn:
+        self.refuse(reason)
         raise FrameError(f"{self.peer}: {reason}")
+
+    def refuse(self, reason: str, reply: dict | None = None) -> None:
+        """Log why this connection is refused, send ``reply`` (a CONTROL frame telling
+        the peer why) if given and the peer still listens, and close the connection."""
+        log.warning("closing connection from %s: %s", self.peer, reason)
+        if reply is not None:
+            with contextlib.suppress(ConnectionError):  # the peer left already: nobody to tell
+                self.send_json(reply)
+        self.close()
 
     # -------------------------------------------------------------- lifetime
 

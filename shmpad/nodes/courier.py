@@ -30,7 +30,7 @@ from typing import Any
 
 from shmpad import context
 from shmpad.net.auth import load_token
-from shmpad.net.wire import parse_address
+from shmpad.net.wire import join_address, parse_address
 from shmpad.nodes.base import Handle, collect_handles
 from shmpad.nodes.python import PyClassNode
 from shmpad.ringbuf import MPMCRing
@@ -127,7 +127,7 @@ class CourierHandle(Handle):
             raise ValueError(f"address {address!r}: only tcp:// addresses are allowed")
         rest = rest if sep else address
         host, port = parse_address(rest)
-        tcp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        tcp = join_address(host, port)
         token_file = None if token_file is None else os.fspath(token_file)
         return cls(endpoint=Endpoint(name or f"courier server at {tcp}", tcp=tcp, token_file=token_file))
 

@@ -25,12 +25,13 @@ from shmpad.net.wire import (
     MAX_FRAME,
     Connection,
     Kind,
+    join_address,
     parse_address,
 )
 from shmpad.rpc import calls
 from shmpad.rpc.calls import FutureMethods, MethodCalls, check_call_timeout, settle, timeout_error
 from shmpad.rpc.codec import encode_message, load_message, message_size, split_message, unpack_reply
-from shmpad.rpc.tcp_server import join_address, set_keepalive
+from shmpad.rpc.tcp_server import set_keepalive
 
 __all__ = ["TcpRpcClient"]
 

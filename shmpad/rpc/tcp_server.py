@@ -42,12 +42,12 @@ from typing import Any
 
 from shmpad.errors import FrameError, RemoteError
 from shmpad.net.auth import Listener
-from shmpad.net.wire import MAX_FRAME, Connection, Kind, parse_address
+from shmpad.net.wire import MAX_FRAME, Connection, Kind, join_address, parse_address
 from shmpad.rpc.batching import BatchedHandler
 from shmpad.rpc.calls import POLL_S, public_methods
 from shmpad.rpc.codec import encode_message, failure, load_message, message_size, split_message, unpicklable_result
 
-__all__ = ["TcpRpcServer", "reserve"]
+__all__ = ["TcpRpcServer", "caller", "reserve"]
 
 log = logging.getLogger("shmpad.net")
 
@@ -58,14 +58,16 @@ KEEPALIVE_IDLE_S = 10
 KEEPALIVE_INTERVAL_S = 5
 USER_TIMEOUT_S = 30
 _WILDCARDS = ("0.0.0.0", "::", "")
+_calling = threading.local()
+
+
+def caller() -> Connection | None:
+    """On a thread running a call (or submitting one to a batched method): the
+    connection the call came in on, else None."""
+    return getattr(_calling, "conn", None)
 
 
 # ---------------------------------------------------------------- connections
-
-
-def refuse(conn: Connection, reason: str) -> None:
-    log.warning("closing RPC connection with %s: %s", conn.peer, reason)
-    conn.close()
 
 
 def set_keepalive(sock: socket.socket) -> None:
@@ -180,16 +182,17 @@ class TcpRpcServer:
                     return
             frame = conn.recv()
             if frame.kind != Kind.PICKLE:
-                refuse(conn, f"frame of kind {frame.kind}: an RPC connection carries only PICKLE frames")
+                conn.refuse(f"frame of kind {frame.kind}: an RPC connection carries only PICKLE frames")
                 return
             try:
                 parts = split_message(frame.payload)
             except FrameError as e:
-                refuse(conn, str(e))
+                conn.refuse(str(e))
                 return
             self._workers.submit(self._answer, conn, frame.tag, parts, unanswered)
 
     def _answer(self, conn: Connection, call_id: int, parts: tuple, unanswered: threading.BoundedSemaphore) -> None:
+        _calling.conn = conn
         try:
             method, args, kwargs = load_message(parts)
             fn = self._lookup(method)
@@ -241,10 +244,7 @@ def reserve(listen: str | int) -> tuple[socket.socket, str, str]:
     refused until the server listens there too: both sockets set SO_REUSEADDR), the
     address to listen on and the address to advertise to clients (the host name for a
     wildcard host)."""
-    if isinstance(listen, bool) or not isinstance(listen, (str, int)):
-        raise TypeError(f"listen must be 'HOST:PORT' or a port number, got {type(listen).__name__}")
-    text = str(listen)
-    host, port = parse_address(text if ":" in text else f"127.0.0.1:{text}")
+    host, port = parse_address(listen, default_host="127.0.0.1")
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -255,7 +255,3 @@ def reserve(listen: str | int) -> tuple[socket.socket, str, str]:
     port = sock.getsockname()[1]
     shown = socket.gethostname() if host in _WILDCARDS else host
     return sock, join_address(host, port), join_address(shown, port)
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
