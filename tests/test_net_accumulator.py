@@ -1,6 +1,7 @@
-"""Learners averaging gradients across processes, moolib-style: every peer holds
-bit-identical weights after every step, a joining peer receives the group's state
-before it contributes, a peer SIGKILLed mid-reduction costs the others a few seconds,
+"""Learners averaging gradients across processes, moolib-style: peers that took the same
+steps hold bit-identical state, every member holds the leader's after every sync and a
+step the group did not keep is counted (``assert_identical``), a joining peer receives
+the group's state before it contributes, a peer SIGKILLed mid-reduction costs the others a few seconds,
 and a restarted broker is rejoined.
 
 Each peer is ``tests/helpers/net_peer.py`` in a process of its own; it prints a JSON line
@@ -84,7 +85,7 @@ def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs, backend):
     for p in survivors:
         p.finish()
     assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
-    assert_identical(survivors)
+    assert_identical(survivors, others=[victim])
     assert_plane(survivors, backend)
 
 
@@ -333,27 +334,32 @@ def _lineage_of(history: list[str]) -> int:
 
 
 @pytest.mark.parametrize(
-    "histories, forked",
+    "histories, lost",
     [
         # t1 completed a step the group abandoned, then the others took version 3 without it
         # (a tie: the lower rank leads, so either may be the one whose step goes)
-        ([["e1", "e2", "e3"], ["e1", "e2", "e2b"]], True),
+        ([["e1", "e2", "e3"], ["e1", "e2", "e2b"]], 1),
         # the same, found by a leader that has gone two steps further since
-        ([["e1", "e2", "e3", "e4", "e5"], ["e1", "e2", "e2b"]], True),
+        ([["e1", "e2", "e3", "e4", "e5"], ["e1", "e2", "e2b"]], 1),
+        # t1 took two steps alone from version 1 (a ring of one): both are lost, and counted
+        ([["e1", "e2", "e3", "e4", "e5"], ["e1", "e2b", "e3b"]], 2),
+        # t0 is the one behind, on a lineage of its own since version 1: versions 2-4 are lost
+        ([["e1", "e2b", "e3b", "e4b"], ["e1", "e2", "e3", "e4", "e5"]], 3),
         # t1 is only behind, on the leader's own history: nothing of it was lost
-        ([["e1", "e2", "e3", "e4"], ["e1", "e2"]], False),
+        ([["e1", "e2", "e3", "e4"], ["e1", "e2"]], 0),
         # t1 comes with nothing: a joiner
-        ([["e1", "e2"], []], False),
+        ([["e1", "e2"], []], 0),
     ],
 )
-def test_a_step_the_group_did_not_keep_is_replaced_and_counted(histories, forked):
+def test_a_step_the_group_did_not_keep_is_replaced_and_counted(histories, lost):
     """The sync's leader (the highest version, then the lowest rank) tells each member
-    whether its last step is one the leader's history lacks: that member counts it in
-    ``discarded``; afterwards every member is on the leader's version and lineage."""
+    whether its last step is one the leader's history lacks: that member counts in
+    ``discarded`` every version it held on another lineage (the versions forked);
+    afterwards every member is on the leader's version and lineage."""
     results = run_peers([_after_sync, _after_sync], prepare=lambda i, acc: _as_if_stepped(acc, histories[i]))
     (v0, l0, d0, w0), (v1, l1, d1, w1) = results
     assert v0 == v1 == max(len(h) for h in histories) and l0 == l1 and torch.equal(w0, w1)
-    assert d0 + d1 == int(forked)
+    assert d0 + d1 == lost
     kept = [h for h, d in zip(histories, (d0, d1)) if d == 0 and len(h) == v0]
     assert l0 in [_lineage_of(h) for h in kept], "the group is not on the history of a member that kept its steps"
 

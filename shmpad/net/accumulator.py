@@ -5,9 +5,13 @@ pass it hands its gradients to ``reduce_gradients(batch_size)``; the peers of th
 group sum them over TCP (``shmpad.net.allreduce``), or through the epoch's
 torch.distributed process group (``shmpad.net.torchgroup``: ``backend="gloo"``,
 ``"nccl"``), together with how many samples and contributions they stand for. Once the summed batch size reaches the virtual
-batch size, every peer holds the same averaged gradient (sum / contributions) and
-takes the same optimiser step, so the weights stay bit-identical without ever being
-sent again.
+batch size, every member that completes the reduction holds the same averaged gradient
+(sum / contributions, the same bits) and takes the same optimiser step, so members that
+take the same steps and compute alike (the same torch build and device kind) hold the
+same weights without the weights being sent again. What the group guarantees beyond
+that is what the state sync gives: after every sync, every member holds the leader's
+weights, version and lineage; a step some members took and the group did not keep is
+discarded there and counted (below).
 
 Membership comes from the broker (``shmpad.net.group``). When it changes, the ring
 in flight is closed, so a reduction it carried is abandoned on every peer and its
@@ -28,10 +32,12 @@ dropped it (it was silent past the timeout), the others may take that version ag
 without it. When they meet again, the sync keeps the leader's step (the higher version,
 then the lower rank); the leader looks up every other member's version and lineage in
 its history of the group's last ``HISTORY`` steps, and a member whose step is not there
-is told so: it counts the step in ``discarded`` and logs a warning, then loads the
-group's state. ``lineage`` names the steps that led to a version (each step mixes in its
-ring's epoch): peers at the same ``version`` and ``lineage`` took the same steps, and hold
-the same weights where they compute alike (``check_every``).
+is told so: it counts in ``discarded`` every version it holds on another lineage than the
+group's history (the steps it loses, as far back as that history reaches), logs a
+warning, then loads the group's state. ``lineage`` names the steps that led to a version
+(each step mixes in its ring's epoch): peers at the same ``version`` and ``lineage`` took
+the same steps, and hold the same weights where they compute alike (``check_every``).
+Between a fork and the next sync the members do not hold the same weights.
 
 Stale gradients are never averaged in. A peer that hung (SIGSTOP, a stuck call) and
 was dropped wakes up holding gradients of weights the group has left behind. Whatever
@@ -182,7 +188,9 @@ class Accumulator:
         same ``version`` and ``lineage`` took the same steps; the same ``version`` with another
         ``lineage`` is a step that one peer took and the group did not (see the module docstring)"""
         self.discarded = 0
-        """syncs that replaced a step this peer held by the group's, which went on without it"""
+        """steps this peer held that the group did not keep: each sync that replaces them adds
+        how many versions this peer held on another lineage than the group's (within the
+        leader's last ``HISTORY`` steps)"""
         self._history: dict[int, int] = {0: 0}  # version -> lineage of the group's last HISTORY steps
         self.abandoned = 0
         """reductions abandoned because the group changed or a peer went away"""
@@ -393,13 +401,17 @@ class Accumulator:
         if ring.rank != leader:
             (n,) = _COUNT.unpack_from(data, ring.size)
             start = ring.size + _COUNT.size
-            history = np.frombuffer(data, dtype="<i8", count=2 * n, offset=start).reshape(n, 2).tolist()
+            pairs = np.frombuffer(data, dtype="<i8", count=2 * n, offset=start).reshape(n, 2).tolist()
+            history = {version: lineage for version, lineage in pairs}
             if data[ring.rank]:
-                self.discarded += 1
+                # every version this peer holds on another lineage than the group's: the steps it loses
+                lost = sum(1 for v, lineage in self._history.items() if history.get(v, lineage) != lineage)
+                self.discarded += lost
                 log.warning(
-                    "%s: the group did not keep the step to version %d that this peer holds (it went on from "
-                    "another step, in a ring without this peer); taking the group's version %d",
+                    "%s: the group did not keep the %d step(s) up to version %d that this peer holds (it went on "
+                    "from other steps, in a ring without this peer); taking the group's version %d",
                     self.name,
+                    lost,
                     self.version,
                     versions[leader],
                 )
@@ -407,7 +419,7 @@ class Accumulator:
             before = self._digest() if held else None
             self.load_state_bytes(data[start + 16 * n :])
             self.lineage = lineages[leader]
-            self._history = {version: lineage for version, lineage in history}
+            self._history = history
             if held and self._digest() != before:
                 self._stale = held  # gradients of the weights just replaced: refused if reduced as they are
         self._checked = self.version
@@ -457,7 +469,8 @@ class Accumulator:
         peer then takes part without contributing.
 
         True when the virtual batch is complete: every parameter's ``.grad`` then
-        holds the group's average (the same bits on every peer), and the caller takes
+        holds the group's average (the same bits on every member that completed this
+        reduction), and the caller takes
         its optimiser step. False when more is needed, or when the reduction was
         abandoned (the group changed: the gradients are dropped, ``ready()`` forms
         the next ring)."""

@@ -13,7 +13,7 @@ Allreduce is ring reduce-scatter then allgather. The flat array is split into
 member. After size-1 such steps member r holds the total of segment (r+1) % size,
 computed once in ring order; the allgather passes the totals round, received straight
 into the array. Every member ends with the bits the owner of a segment computed, so
-results are bit-identical everywhere.
+every member that completes an operation holds bit-identical results.
 
 Frames of one operation, on every connection, in order (all ``Kind.BYTES``)::
 

@@ -1,6 +1,6 @@
-"""What a group of learners keeps identical: the model (parameters and buffers), the
-optimiser's and scheduler's state and the version, as bytes a joiner loads, and an
-8-byte digest of the model the members compare (``shmpad.net.accumulator``)."""
+"""What a state sync hands from a group's leader to every member: the model (parameters and
+buffers), the optimiser's and scheduler's state and the version, as bytes a joiner loads, and
+an 8-byte digest of the model the members compare (``shmpad.net.accumulator``)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ Lines: ``{"event": "step", "version", "lineage", "discarded", "hash", "size", "a
 "contributed", "key", "plane"}`` after each optimiser step (hash: SHA-256 of every parameter,
 buffer and the optimiser's state; computed_at: the version whose weights gave the gradients
 handed to the reduction; contributed: the accumulator did not refuse them),
+``{"event": "held", "version", "lineage", "discarded"}`` when a state sync (or a digest
+check's resync) changed the version or lineage this peer holds without a step of its own,
 ``{"event": "reduce", "version"}`` as a reduction starts. ``--grads-before-ready`` computes
 the gradients before calling ``ready()``, the order in which a sync can make them stale. The peer trains until its
 stdin closes, then leaves the group and exits 0.
@@ -89,19 +91,31 @@ def main() -> None:
         return acc.version
 
     computed_at = None
+    held = (acc.version, acc.lineage)
+
+    def note_held() -> None:
+        nonlocal held
+        if (acc.version, acc.lineage) != held:
+            held = (acc.version, acc.lineage)
+            emit(event="held", name=args.name, version=acc.version, lineage=acc.lineage, discarded=acc.discarded)
+
     try:
         while not stop.is_set():
             if args.grads_before_ready and computed_at is None:
                 computed_at = backward()
             if not acc.ready(timeout=0.5):
                 continue
+            note_held()
             if not args.grads_before_ready:
                 computed_at = backward()
             emit(event="reduce", name=args.name, version=acc.version)
             refused = acc.refused
             stepped = acc.reduce_gradients(8)
             contributed = acc.refused == refused
-            if stepped:
+            if not stepped:
+                note_held()
+            else:
+                held = (acc.version, acc.lineage)
                 optimizer.step()
                 with torch.no_grad():
                     model.seen += 8

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from helpers import kill_and_reap, start_session, track_pid
+from shmpad.net.accumulator import _next_lineage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -81,21 +82,26 @@ class Peer:
         else:
             self.proc = popen(args, **pipes)
         self.steps: list[dict] = []
+        self.trail: list[dict] = []
+        """every change of what this peer holds, in order: its steps and its ``held`` events"""
         self.reduces: list[float] = []
         self.stderr: list[str] = []
         self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             event = json.loads(line)
             with self.changed:
-                if event["event"] == "step":
-                    event["t"] = time.monotonic()
-                    self.steps.append(event)
-                else:
+                if event["event"] == "reduce":
                     self.reduces.append(time.monotonic())
+                else:
+                    event["t"] = time.monotonic()
+                    self.trail.append(event)
+                    if event["event"] == "step":
+                        self.steps.append(event)
                 self.changed.notify_all()
 
     def wait(self, predicate, timeout: float, what: str) -> None:
@@ -121,6 +127,8 @@ class Peer:
             kill_and_reap(self.proc)
             raise AssertionError(f"{self.name} did not exit within {timeout} s of being asked") from None
         assert code == 0, f"{self.name} exited {code}:\n{''.join(self.stderr[-30:])}"
+        self._reader.join(timeout)  # every line it printed is read: its last steps count in the checks
+        assert not self._reader.is_alive(), f"{self.name}'s output was not read to its end within {timeout} s"
 
     def kill(self) -> None:
         kill_and_reap(self.proc)
@@ -135,36 +143,112 @@ def procs():
         p.kill()
 
 
-def assert_identical(peers: list[Peer]) -> int:
-    """Every step is the same on every peer that took it: at each version, peers of the
-    same lineage (``Accumulator.lineage``: the steps that led there) hold the same hash;
-    and a version reached on two lineages (a step the group did not keep) was counted by a
-    peer in ``Accumulator.discarded``. Returns how many versions more than one peer
-    reached on one lineage."""
-    by_step: dict[tuple[int, int], dict[str, str]] = collections.defaultdict(dict)
-    for p in peers:
+def assert_identical(peers: list[Peer], others: list[Peer] = ()) -> int:
+    """What a gradient group guarantees, checked on the steps its ``peers`` printed
+    (``others``: peers whose steps and syncs count, but which need not end with the
+    group, such as one that was killed):
+
+    - one state per step: peers at the same version and lineage (``Accumulator.lineage``:
+      the steps that led there) hold the same hash;
+    - one history at the end: every peer's last state lies on the lineage of the furthest
+      one, so no step that a peer still holds was left out of the group's;
+    - every lost step counted: each time a sync replaced a state a peer held, its
+      ``Accumulator.discarded`` grew by exactly the number of versions of that state's
+      lineage that the state it loaded does not share (the versions forked), and by
+      nothing otherwise. So a fork nobody counted, or counted as less than it was, fails.
+
+    Each step's predecessor is found among the states printed (its lineage hashes the
+    predecessor's with the step's epoch), so the steps form a tree rooted at version 0;
+    forks are taken to be shorter than ``accumulator.HISTORY``, the window in which the
+    leader recognises them. Returns how many (version, lineage) steps more than one peer took."""
+    everyone = [*peers, *others]
+    hashes: dict[tuple[int, int], dict[str, str]] = collections.defaultdict(dict)
+    for p in everyone:
         for s in p.steps:
-            by_step[s["version"], s["lineage"]][p.name] = s["hash"]
-    shared = 0
-    for (version, lineage), hashes in sorted(by_step.items()):
-        if len(set(hashes.values())) > 1:
+            hashes[s["version"], s["lineage"]][p.name] = s["hash"]
+    for (version, lineage), by_peer in sorted(hashes.items()):
+        if len(set(by_peer.values())) > 1:
             raise AssertionError(
-                f"version {version}, lineage {lineage}: peers disagree: {hashes}\n{_history(peers, version)}"
+                f"version {version}, lineage {lineage}: peers disagree: {by_peer}\n{_history(everyone, version)}"
             )
-        shared += len(hashes) > 1
-    forks = sorted(v for v, n in collections.Counter(v for v, _ in by_step).items() if n > 1)
-    discarded = {p.name: p.steps[-1]["discarded"] for p in peers if p.steps}
-    if forks and not any(discarded.values()):  # a step the group did not keep must be counted where it went
+    tree = _Tree(everyone)
+    ends = {p.name: _node(p.trail[-1]) if p.trail else ROOT_STATE for p in peers}
+    furthest = max(ends.values())
+    apart = {name: end for name, end in ends.items() if not tree.on(end, furthest)}
+    if apart:
         raise AssertionError(
-            f"versions {forks} were reached on more than one lineage, but no peer counted a discarded step "
-            f"({discarded})\n{_history(peers, forks[0])}"
+            f"the peers do not end on one lineage: {apart} are not on the lineage of {furthest} "
+            f"(ends: {ends})\n{_history(everyone, min(v for v, _ in apart.values()))}"
         )
-    return shared
+    for p in everyone:
+        held, counted = ROOT_STATE, 0
+        for event in p.trail:
+            moved_to = _node(event) if event["event"] == "held" else tree.parent[_node(event)]
+            if moved_to != held:  # a sync replaced what this peer held: its lost versions are counted
+                counted += tree.lost(held, moved_to)
+            held = _node(event)
+            if event["discarded"] != counted:
+                raise AssertionError(
+                    f"{p.name} counted {event['discarded']} discarded steps at version {event['version']} "
+                    f"({event['event']}), but the syncs replaced {counted} versions it held on another lineage"
+                    f"\n{_history(everyone, event['version'])}"
+                )
+    return sum(len(by_peer) > 1 for by_peer in hashes.values())
+
+
+ROOT_STATE = (0, 0)
+"""(version, lineage) of an Accumulator that has taken no step"""
+
+
+def _node(event: dict) -> tuple[int, int]:
+    return event["version"], event["lineage"]
+
+
+class _Tree:
+    """The states the peers printed, each step linked to the state it was taken from."""
+
+    def __init__(self, peers: list[Peer]):
+        lineages: dict[int, set[int]] = collections.defaultdict(set)
+        lineages[0].add(0)
+        for p in peers:
+            for e in p.trail:
+                lineages[e["version"]].add(e["lineage"])
+        self.parent: dict[tuple[int, int], tuple[int, int]] = {}
+        for p in peers:
+            for s in p.steps:
+                node = _node(s)
+                before = [x for x in lineages[s["version"] - 1] if _next_lineage(x, s["key"]) == s["lineage"]]
+                if not before:
+                    raise AssertionError(
+                        f"{p.name}'s step to version {node[0]} (lineage {node[1]}, epoch {s['key']}) follows "
+                        f"no state any peer printed at version {node[0] - 1}"
+                    )
+                self.parent[node] = (s["version"] - 1, before[0])
+
+    def path(self, node: tuple[int, int]) -> dict[int, int]:
+        """version -> lineage of every state that led to ``node`` (``node`` included)."""
+        out = {}
+        while node != ROOT_STATE:
+            out[node[0]] = node[1]
+            if node not in self.parent:
+                raise AssertionError(f"state {node} was printed as held, but no peer printed the step to it")
+            node = self.parent[node]
+        return out
+
+    def on(self, node: tuple[int, int], of: tuple[int, int]) -> bool:
+        """Whether ``node`` is ``of`` or a state that led to it."""
+        return node == ROOT_STATE or self.path(of).get(node[0]) == node[1]
+
+    def lost(self, held: tuple[int, int], loaded: tuple[int, int]) -> int:
+        """How many versions of ``held``'s lineage ``loaded``'s does not share."""
+        kept = self.path(loaded)
+        return sum(1 for version, lineage in self.path(held).items() if kept.get(version, lineage) != lineage)
 
 
 def _history(peers: list[Peer], version: int) -> str:
-    """Each peer's steps up to two versions past ``version``, and the first lines of its log."""
+    """Each peer's steps and syncs up to two versions past ``version``, and the first lines of its log."""
     keep = (
+        "event",
         "version",
         "lineage",
         "discarded",
@@ -178,6 +262,6 @@ def _history(peers: list[Peer], version: int) -> str:
     )
     parts = []
     for p in peers:
-        steps = [{k: s.get(k) for k in keep} for s in p.steps if s["version"] <= version + 2]
+        steps = [{k: s.get(k) for k in keep} for s in p.trail if s["version"] <= version + 2]
         parts.append(f"{p.name} steps: {steps}\n{p.name} log:\n{''.join(p.stderr[:60])}")
     return "\n".join(parts)
