@@ -61,15 +61,6 @@ from shmpad.ringbuf import TypedRing
 from shmpad.weights import WeightStore
 from shmpad.weights import WeightStoreStatistics
 
-# shmpad.ringbuf.WeightStore(Statistics): the names the weight store had before it had a
-# package of its own, kept for programs that import them from there. Put in place from
-# here, above both packages, so that the rings never import the weight store.
-from shmpad import ringbuf as _ringbuf
-
-_ringbuf.WeightStore = WeightStore
-_ringbuf.WeightStoreStatistics = WeightStoreStatistics
-_ringbuf.__all__ += ["WeightStore", "WeightStoreStatistics"]
-
 __version__ = "0.1.0"
 
 __all__ = [

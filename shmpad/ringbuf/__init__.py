@@ -1,9 +1,7 @@
 """Lock-free shared-memory rings: byte rings (SPSC, MPMC) and typed rings on top of them.
 
-``WeightStore`` and ``WeightStoreStatistics`` are reachable here too, as they were before
-the weight store had its package (``shmpad.weights``): ``shmpad/__init__.py`` puts them
-here, since the rings do not depend on the weight store and so never import it.
-"""
+The weight store, which stands beside the rings on the same floor, is ``shmpad.weights``
+(and ``shmpad.WeightStore``)."""
 
 from shmpad.ringbuf.mpmc import MPMCRing
 from shmpad.ringbuf.batch import MessageBatch
