@@ -1,5 +1,6 @@
 """Several hosts: the authenticated TCP wire format, the membership broker, peer-to-peer
-rings (PeerRing: allreduce, broadcast), the gradient accumulator and cross-host courier RPC."""
+rings (PeerRing: allreduce, broadcast) and the gradient accumulator with its data planes.
+Calls between hosts are ``shmpad.rpc``'s TCP transport, which runs on this wire format."""
 
 from typing import Any
 
