@@ -31,6 +31,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+from numba import njit
+
+from shmpad.shm.memcopy import copy_bytes
+
 WORDS_PER_LINE = 8
 
 HEAD = 0
@@ -93,3 +98,19 @@ class Kernels(NamedTuple):
     def of(cls, namespace: dict[str, Any]) -> Kernels:
         """A kind's kernels: the functions ``_put``, ``_put_rows``... its module defines."""
         return cls(**{field: namespace["_" + field] for field in cls._fields})
+
+
+# inline: numba compiles it into each kind's _take_into with that kind's kernels as
+# direct calls; a call taking kernels as arguments would make the caller uncacheable
+@njit(inline="always")
+def take_into_with(ctl, out, pid, peek, release):
+    """A kind's ``take_into`` from its ``peek`` and ``release`` kernels: take the next
+    message, copy it into ``out`` and free its slot; its length, or a code."""
+    r = peek(ctl, pid)
+    if r < 0:
+        return r
+    i = r >> 32
+    n = r & 0xFFFFFFFF
+    copy_bytes(out, 0, ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], n)
+    release(ctl, i, 1)
+    return n

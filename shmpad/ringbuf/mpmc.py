@@ -78,6 +78,7 @@ from shmpad.ringbuf.control import (
     TOO_BIG,
     WORDS_PER_LINE,
     Kernels,
+    take_into_with,
 )
 from shmpad.ringbuf.mpmc_slots import (
     _LENGTH,
@@ -149,18 +150,37 @@ def _publish(ctl, i, n):
     store_release(ctl, sw, _pack(_lap(s), READY, s & PID_MASK))  # pairs with load_acquire(sw) in _claim_read
 
 
+@njit(nogil=True, cache=True)
+def _put_one(ctl, src, a, n, pid):
+    """Claim a slot, copy ``src[a:a + n]`` into it and publish it: 0, or the claim's code."""
+    i = _claim_write(ctl, pid)
+    if i < 0:
+        return i
+    copy_bytes(ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], src, a, n)
+    _publish(ctl, i, n)
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def _put_done(ctl, k, code):
+    """What a put of several messages returns once ``k`` are in and its last attempt
+    returned ``code``: ``k``, or ``CLOSED_CODE`` when none went in because the ring is closed."""
+    if k == 0 and code == CLOSED_CODE:
+        return CLOSED_CODE
+    if k > 0:
+        notify(ctl, EV_NOT_EMPTY)
+    return k
+
+
 @njit(cache=True)  # holds the GIL: releasing it costs more than the call
 def _put(ctl, msg, pid):
     n = len(msg)
     if n > ctl[SLOT_SIZE]:
         return TOO_BIG
-    i = _claim_write(ctl, pid)
-    if i < 0:
-        return i
-    copy_bytes(ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], msg, 0, n)
-    _publish(ctl, i, n)
-    notify(ctl, EV_NOT_EMPTY)
-    return 0
+    r = _put_one(ctl, msg, 0, n, pid)
+    if r == 0:
+        notify(ctl, EV_NOT_EMPTY)
+    return r
 
 
 @njit(nogil=True, cache=True)
@@ -168,45 +188,29 @@ def _put_rows(ctl, rows, first, pid):
     n = rows.shape[1]
     if n > ctl[SLOT_SIZE]:
         return TOO_BIG
-    data = ctl.view(np.uint8)
     flat = rows.reshape(-1)
-    slots, stride = ctl[SLOTS], ctl[STRIDE]
-    k = 0
+    k = r = 0
     for j in range(first, rows.shape[0]):
-        i = _claim_write(ctl, pid)
-        if i < 0:
-            if k == 0 and i == CLOSED_CODE:
-                return CLOSED_CODE
+        r = _put_one(ctl, flat, j * n, n, pid)
+        if r < 0:
             break
-        copy_bytes(data, slots + i * stride, flat, j * n, n)
-        _publish(ctl, i, n)
         k += 1
-    if k > 0:
-        notify(ctl, EV_NOT_EMPTY)
-    return k
+    return _put_done(ctl, k, r)
 
 
 @njit(nogil=True, cache=True)
 def _put_packed(ctl, buf, offsets, first, pid):
-    data = ctl.view(np.uint8)
-    slots, stride, size = ctl[SLOTS], ctl[STRIDE], ctl[SLOT_SIZE]
-    k = 0
+    k = r = 0
     for j in range(first, offsets.shape[0] - 1):
         a = offsets[j]
         n = offsets[j + 1] - a
-        if n > size:
+        if n > ctl[SLOT_SIZE]:
             break
-        i = _claim_write(ctl, pid)
-        if i < 0:
-            if k == 0 and i == CLOSED_CODE:
-                return CLOSED_CODE
+        r = _put_one(ctl, buf, a, n, pid)
+        if r < 0:
             break
-        copy_bytes(data, slots + i * stride, buf, a, n)
-        _publish(ctl, i, n)
         k += 1
-    if k > 0:
-        notify(ctl, EV_NOT_EMPTY)
-    return k
+    return _put_done(ctl, k, r)
 
 
 @njit(nogil=True, cache=True)
@@ -305,14 +309,7 @@ def _release(ctl, i, k):
 @njit(nogil=True, cache=True)
 def _take_into(ctl, out, pid):
     """Take the next message, copy it into ``out`` and free its slot: its length, or a code."""
-    r = _peek(ctl, pid)
-    if r < 0:
-        return r
-    i = r >> 32
-    n = r & 0xFFFFFFFF
-    copy_bytes(out, 0, ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], n)
-    _release(ctl, i, 1)
-    return n
+    return take_into_with(ctl, out, pid, _peek, _release)
 
 
 @njit(cache=True)  # holds the GIL, as _peek and _release do

@@ -52,6 +52,7 @@ from shmpad.shm.wait import notify_always
 __all__ = ["ByteRing", "RingStatistics"]
 
 MAX_SLOT_SIZE = (1 << 32) - 1
+_NOWAIT: Any = object()  # put's timeout from put_nowait: fail at once, without counting a wait
 MAX_CAPACITY = (1 << 31) - 1
 
 
@@ -235,21 +236,17 @@ class ByteRing(Blocking):
         if r != 0:
             self._put_waiting(r, data, timeout)
 
-    def _put_waiting(self, r: int, data: Any, timeout: float | None) -> None:
+    def _put_waiting(self, r: int, data: Any, timeout: Any) -> None:
         # put's slow path, a function of its own: the closure would cost every put its cells
+        if timeout is _NOWAIT:
+            self._raise_for(r, data)
+            raise WouldBlock(f"ring is full ({self.capacity} messages)")
         put = self.kernels.put
         self._retry(r, lambda: put(self._ctl, data, pids.pid), False, timeout, "put", data)
 
     def put_nowait(self, data: Any) -> None:
         """``put`` that raises ``WouldBlock`` instead of waiting when the ring is full."""
-        if type(data) is bytes:
-            r = self._put(self._ctl, data, pids.pid)
-        else:
-            data = as_u8(data)
-            r = self._put_any(self._ctl, data, pids.pid)
-        if r != 0:
-            self._raise_for(r, data)
-            raise WouldBlock(f"ring is full ({self.capacity} messages)")
+        self.put(data, _NOWAIT)
 
     def put_many(self, messages: Sequence[Any] | np.ndarray, timeout: float | None = None) -> None:
         """Put every message, in order, waiting for space as needed.

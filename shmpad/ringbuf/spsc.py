@@ -54,6 +54,7 @@ from shmpad.ringbuf.control import (
     TAIL_SEEN,
     TOO_BIG,
     Kernels,
+    take_into_with,
 )
 from shmpad.ringbuf.ring import ByteRing
 from shmpad.shm import pids
@@ -264,14 +265,7 @@ def _untake(ctl, k, nbytes):
 @njit(nogil=True, cache=True)
 def _take_into(ctl, out, pid):
     """Take the next message, copy it into ``out`` and free its slot: its length, or a code."""
-    r = _peek(ctl, pid)
-    if r < 0:
-        return r
-    i = r >> 32
-    n = r & 0xFFFFFFFF
-    copy_bytes(out, 0, ctl.view(np.uint8), ctl[SLOTS] + i * ctl[STRIDE], n)
-    _release(ctl, 0, 0)
-    return n
+    return take_into_with(ctl, out, pid, _peek, _release)
 
 
 @njit(nogil=True, cache=True)
