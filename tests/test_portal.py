@@ -18,7 +18,7 @@ import pytest
 from helpers import ours, shm_entries, track_pid, wait_until
 
 import shmpad.portal as portal
-from shmpad.portal import tree
+from shmpad.portal import proctree
 
 HANG_S = 60.0  # a hang guard, never a timing assertion
 
@@ -351,10 +351,10 @@ def test_kill_takes_the_whole_subtree():
     ours_, theirs = portal.context.mp.Pipe()
     parent = portal.Process(_parent, theirs, start=True)
     below = ours_.recv()
-    assert all(tree.proc_alive(pid) for pid in below)
+    assert all(proctree.proc_alive(pid) for pid in below)
     parent.kill(timeout=HANG_S)  # the grace before SIGKILL is a hang guard: a loaded machine once took over 1 s
     assert parent.exitcode == -signal.SIGTERM
-    assert wait_until(lambda: not any(tree.proc_alive(pid) for pid in below), HANG_S)
+    assert wait_until(lambda: not any(proctree.proc_alive(pid) for pid in below), HANG_S)
 
 
 def test_an_error_in_a_thread_ends_its_process():
@@ -456,16 +456,18 @@ def test_mp_objects_and_pickled_bytes_work_as_arguments():
 def test_argument_errors():
     with pytest.raises(ValueError, match="port must be in 1..65535, got 0"):
         portal.Server(0)
-    with pytest.raises(TypeError, match="port must be an int"):
+    with pytest.raises(TypeError, match="addr must be an int"):
         portal.Client(1.5)
+    with pytest.raises(TypeError, match="Client got an unknown option 'max_queue'; its options are ipv6"):
+        portal.Client(1234, max_queue=4)
+    with pytest.raises(TypeError, match="Server option max_msg_size must be int, got str"):
+        portal.Server(1234, max_msg_size="1G")
     with pytest.raises(ValueError, match="maxinflight must be >= 1, got 0"):
         portal.Client(1234, maxinflight=0)
     server = portal.Server(portal.free_port())
     server.bind("a", lambda: 1)
     with pytest.raises(ValueError, match="method 'a' is bound already"):
         server.bind("a", lambda: 1)
-    with pytest.raises(ValueError, match="addr=True is not supported"):
-        server.bind("b", lambda addr: 1, addr=True)
     os.environ["SHMPAD_TRANSPORT"] = "udp"
     try:
         with pytest.raises(ValueError, match="SHMPAD_TRANSPORT must be 'shm', 'tcp' or unset, got 'udp'"):

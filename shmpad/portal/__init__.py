@@ -14,13 +14,17 @@ from shmpad.portal.runtime import setup
 from shmpad.portal.thread import Thread
 from shmpad.portal.process import Process
 from shmpad.portal.run import run
-from shmpad.portal.tree import proc_alive
+from shmpad.portal.proctree import proc_alive
 from shmpad.portal.transport import free_port
+
+# Sockets
+from shmpad.portal.server_socket import ServerSocket
+from shmpad.portal.client_socket import ClientSocket
+from shmpad.portal.client_socket import Disconnected
 
 # Calls
 from shmpad.portal.futures import Future
 from shmpad.portal.client import Client
-from shmpad.portal.client import Disconnected
 from shmpad.portal.server import Server
 from shmpad.portal.batching import BatchServer
 from shmpad.portal import futures
@@ -34,10 +38,12 @@ from shmpad.portal.sharray import SharedArray
 __all__ = [
     "BatchServer",
     "Client",
+    "ClientSocket",
     "Disconnected",
     "Future",
     "Process",
     "Server",
+    "ServerSocket",
     "SharedArray",
     "Thread",
     "context",

@@ -25,9 +25,10 @@ from typing import Any, Callable
 
 from shmpad._checks import check_int, check_timeout
 from shmpad.errors import AuthError
-from shmpad.portal import packing, runtime, transport
+from shmpad.portal import options, packing, runtime, transport
+from shmpad.portal.client_socket import Disconnected
 from shmpad.portal.futures import Future
-from shmpad.portal.link import from_server, open_link
+from shmpad.portal.link import WrongProtocol, from_server, open_link
 
 __all__ = ["Client", "Disconnected"]
 
@@ -35,23 +36,20 @@ _TICK_S = 0.2
 """how often the link keeper looks up from a wait (to notice close())"""
 
 
-class Disconnected(Exception):
-    """The client has no connection to its server (``autoconn=False``)."""
-
-
 class Client:
     def __init__(self, addr: int | str, name: str = "Client", maxinflight: int = 16, **kwargs: Any):
         self.maxinflight = check_int("maxinflight", maxinflight, minimum=1)
-        options = {**runtime.current().clientkw, **kwargs}
-        self.autoconn = bool(options.get("autoconn", True))
-        self.connect_wait = float(options.get("connect_wait", 0.1))
-        self.logging = bool(options.get("logging", True))
-        self.host, self.port = transport.parse_address(addr, bool(options.get("ipv6", False)))
+        self.options = options.client_options(kwargs, "Client")
+        self.autoconn = self.options.autoconn
+        self.connect_wait = self.options.connect_wait
+        self.logging = self.options.logging
+        self.host, self.port = transport.parse_address(addr, self.options.ipv6)
         self.name = name
         self.reqnum = itertools.count()
         self.futures: dict[int, Future] = {}
         self.errors: collections.deque[BaseException] = collections.deque()
         self.cond = threading.Condition()
+        self._sending = threading.Lock()  # a call and a resend of the calls in flight go out one at a time, in order
         self.sendrate = [0, time.time()]
         self.recvrate = [0, time.time()]
         self.waitmean = [0, 0.0]
@@ -126,22 +124,25 @@ class Client:
         data = packing.check(list(data))
         fut = Future()
         fut.method, fut.data, fut.reqnum = method, data, reqnum
-        link = self._link
-        if link is None:
-            if not self.autoconn:
-                fut.rai[0] = True
-                raise Disconnected(f"client {self.name!r} is not connected to {self.host}:{self.port}")
-            while link is None:
+        while True:
+            if self._link is None:
+                if not self.autoconn:
+                    fut.rai[0] = True
+                    raise Disconnected(f"client {self.name!r} is not connected to {self.host}:{self.port}")
                 self._connected.wait(_TICK_S)
                 if self._closing.is_set():
                     raise Disconnected(f"client {self.name!r} is closed")
                 if self._fatal is not None:
                     raise self._fatal
-                link = self._link
-        with self.cond:
-            self.futures[reqnum] = fut
-        self._send(fut, link)
-        return fut
+                continue
+            with self._sending:
+                link = self._link  # the link the calls in flight were sent on (again), if still up
+                if link is None:
+                    continue
+                with self.cond:
+                    self.futures[reqnum] = fut
+                self._send(fut, link)
+            return fut
 
     def close(self, timeout: float | None = None) -> None:
         self._closing.set()
@@ -207,24 +208,34 @@ class Client:
                 continue
             if self._closing.is_set():
                 break
+            host, port = self.host, self.port
+            resolver = runtime.current().resolver
+            if resolver is not None:
+                host, port = resolver((host, port))
             try:
-                link = open_link(self.host, self.port, self.name, _TICK_S)
+                link = open_link(host, int(port), self.name, _TICK_S, self.options.handshake, self.options.max_msg_size)
             except AuthError as e:
                 self._fatal = e
                 self._log(f"Cannot connect: {e}")
                 self._closing.wait(1.0)
                 continue
+            except WrongProtocol as e:
+                self._log(f"Cannot connect to {host}:{port}: {e}")
+                link = None
             if link is None:
                 self._closing.wait(self.connect_wait)
                 continue
-            self._log(f"Connected to {self.host}:{self.port} ({link.transport})")
-            with self.cond:
+            self._log(f"Connected to {host}:{port} ({link.transport})")
+            # every call not answered goes out again, oldest first, before any new call:
+            # no more than were in flight, so at most maxinflight
+            with self._sending:
+                with self.cond:
+                    resend = [f for f in self.futures.values() if not f.don]
+                for fut in resend:
+                    self._send(fut, link)
                 self._link = link
-                resend = [f for f in self.futures.values() if not f.don]
             self._want.clear()
             self._connected.set()
-            for fut in resend:
-                self._send(fut, link)
         link, self._link = self._link, None
         self._connected.clear()
         if link is not None:
@@ -232,6 +243,9 @@ class Client:
 
     def _lost(self, link: Any) -> None:
         self._log(f"Connection to server lost ({self.host}:{self.port})")
+        with self.cond:
+            inners = [f.inner for f in self.futures.values() if f.inner is not None]
+        link.drain(inners)  # the replies that came before the end count: those calls ran
         with self.cond:
             self._link = None
             self._connected.clear()
@@ -248,4 +262,4 @@ class Client:
 
     def _log(self, message: str) -> None:
         if self.logging:
-            runtime.current().print(self.name, message)
+            runtime.current().print(self.name, message, color=self.options.logging_color)

@@ -17,13 +17,16 @@ from concurrent.futures import Future as CallFuture
 from typing import Any
 
 from shmpad.errors import AuthError, Timeout
+from shmpad.net.wire import MAX_FRAME
 from shmpad.portal import transport
 from shmpad.rpc import RpcClient, TcpRpcClient
 from shmpad.rpc.codec import RemoteTraceback
 
-__all__ = ["open_link", "from_server"]
+__all__ = ["open_link", "from_server", "WrongProtocol"]
 
 PING = "shmpad_portal_ping"  # the method every server answers (server.PING)
+_DRAIN_S = 0.05
+"""how long a broken shared-memory link is read for replies that arrived before its end"""
 
 
 def from_server(e: BaseException) -> bool:
@@ -51,6 +54,17 @@ class ShmLink:
         except OSError:
             return True
 
+    def drain(self, pending: list) -> None:
+        """Settle the calls of ``pending`` (transport futures) whose replies are in the
+        reply ring already: a server puts its last replies there before it closes the
+        link, so they are there when a client sees it closed."""
+        waiting = [f for f in pending if not f.done()]
+        if waiting:
+            try:
+                waiting[0].exception(_DRAIN_S)  # reads every reply in the ring, not only this one
+            except Exception:
+                pass  # not answered (a timeout), or the client closed: the caller sends it again
+
     def close(self) -> None:
         self.sock.close()
         self.rpc.close()
@@ -76,25 +90,52 @@ class TcpLink:
     def wait_broken(self, timeout: float) -> bool:
         return self._broken.wait(timeout)
 
+    def drain(self, pending: list) -> None:
+        """Nothing to do: one connection's replies are read in order, so those sent before
+        the server closed it were read before its end was seen."""
+
     def close(self) -> None:
         self.rpc.close()
 
 
-def open_link(host: str, port: int, name: str, timeout: float) -> Any:
-    """A link to the server at ``host:port``, or None if none answered within ``timeout`` s."""
+class WrongProtocol(ConnectionError):
+    """The server at the address speaks another protocol (its ``handshake`` differs)."""
+
+
+def open_link(host: str, port: int, name: str, timeout: float, handshake: str, max_frame: int = MAX_FRAME) -> Any:
+    """A link to the server at ``host:port``, or None if none answered within ``timeout``
+    s; ``WrongProtocol`` if one answered with another ``handshake``.
+
+    On this host the doorbell answers; a server that serves no shared memory (one with a
+    method bound with ``addr=True``) says so there and the link is TCP, to the address
+    it names."""
     only = transport.forced()
     if only == "shm" or (only is None and transport.is_local(host)):
         answer = transport.ring_door(port, timeout)
-        return None if answer is None else ShmLink(*answer, name=name)
-    rpc = TcpRpcClient(_join(host, port), name=name, connect_timeout=max(timeout, 0.01))
+        if answer is None:
+            return None
+        sock, hello = answer
+        if hello.get("handshake") != handshake:
+            sock.close()
+            raise WrongProtocol(f"expected handshake {handshake!r}, the server has {hello.get('handshake')!r}")
+        if hello.get("address") is not None:
+            return ShmLink(sock, hello, name=name)
+        sock.close()
+        address = hello["tcp"]
+    else:
+        address = _join(host, port)
+    rpc = TcpRpcClient(address, name=name, connect_timeout=max(timeout, 0.01), max_frame=max_frame)
     try:
-        rpc.call(PING)
+        hello = rpc.call(PING)
     except AuthError:
         rpc.close()
         raise
     except (Timeout, ConnectionError, OSError):
         rpc.close()
         return None
+    if hello.get("handshake") != handshake:
+        rpc.close()
+        raise WrongProtocol(f"expected handshake {handshake!r}, the server has {hello.get('handshake')!r}")
     return TcpLink(rpc)
 
 

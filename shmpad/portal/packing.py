@@ -72,8 +72,10 @@ def tree_unflatten(leaves: Any, shape: Any) -> Any:
 
 def _leaf(value: Any) -> Any:
     """``value`` as the type it arrives as on portal's other side."""
-    if value is None or isinstance(value, (str, bytes)):
+    if value is None or type(value) is str or type(value) is bytes:
         return value
+    if isinstance(value, (str, bytes)):  # np.str_, np.bytes_ (a row of a batched string array): as portal packs them
+        return str(value) if isinstance(value, str) else bytes(value)
     if isinstance(value, np.ndarray):
         if value.dtype == object:
             raise TypeError(f"an array of dtype object cannot be sent, got shape {value.shape}")

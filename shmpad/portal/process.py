@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 from shmpad.launch.process import fork
 from shmpad.portal import runtime
+from shmpad.portal.proctree import children, kill_tree, proc_alive, remove_segments_of
 from shmpad.portal.transport import ensure_token
-from shmpad.portal.tree import children, kill_tree, proc_alive, remove_segments_of
 from shmpad.shm import janitor
 from shmpad.shm.segment import unlink_owned
 

@@ -29,10 +29,12 @@ from typing import Any, Callable
 import cloudpickle
 
 from shmpad._checks import check_number, type_name
-from shmpad.portal.tree import children, kill_tree
+from shmpad.portal.proctree import children, kill_tree
 from shmpad.shm.segment import unlink_owned
 
 __all__ = ["Context", "context", "current", "setup", "initfn", "reset"]
+
+_COLORS = {"black": 30, "red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "white": 37}
 
 
 class Context:
@@ -121,9 +123,15 @@ class Context:
         if call_now:
             fn()
 
-    def print(self, name: str, *args: Any) -> None:
+    def print(self, name: str, *args: Any, color: str | None = None) -> None:
+        """Print ``[name] args``, the name in ``color`` (a terminal colour's name, as
+        portal's ``logging_color``) when the output is a terminal."""
+        code = _COLORS.get(color or "")
+        label = f"[{name}]"
+        if code and sys.stdout.isatty():
+            label = f"\033[{code}m{label}\033[0m"
         with self.printlock:
-            print(f"[{name}]", *args, flush=True)
+            print(label, *args, flush=True)
 
     def error(self, e: BaseException, name: str | None = None) -> None:
         """Report ``e`` as the failure of worker ``name``, in the error file too."""

@@ -39,10 +39,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shmpad._checks import check_int, type_name
-from shmpad.portal import packing, runtime, transport
+from shmpad._checks import check_int, check_timeout, type_name
+from shmpad.portal import options, packing, runtime, transport
 from shmpad.rpc import RpcServer, TcpRpcServer
 from shmpad.rpc.batching import BatchedHandler
+from shmpad.rpc.tcp_server import caller
 
 __all__ = ["Server"]
 
@@ -50,6 +51,8 @@ PING = "shmpad_portal_ping"
 """a method every server answers: a client's connect() calls it over TCP"""
 _ERROR_GRACE_S = 0.2
 """with errors=True, how long a failed call's reply has to leave before its server's process ends"""
+CLOSE_WAIT_S = 5.0
+"""how long close() waits by default for the calls it took to be answered"""
 TRANSPORT_THREADS = 16
 """threads each transport may use to take calls in, beyond one for every place of every method"""
 
@@ -87,8 +90,11 @@ class _Places:
 
 
 class _Method:
-    def __init__(self, name: str, workfn: Callable, postfn: Callable | None, pool: _Places, workers: int, batch: int):
+    def __init__(
+        self, name: str, workfn: Callable, postfn: Callable | None, pool: _Places, workers: int, batch: int, addr: bool
+    ):
         self.name = name
+        self.addr = addr
         self.workfn = workfn
         self.postfn = postfn
         self.pool = pool
@@ -115,13 +121,39 @@ class _Batch:
 class _Job:
     __slots__ = ("method", "args", "futures", "done", "failed", "info")
 
-    def __init__(self, method: _Method, args: Any, futures: list[CallFuture]):
+    def __init__(self, method: _Method, args: Any, futures: list):
         self.method = method
         self.args = args
         self.futures = futures
         self.done = False
         self.failed = False
         self.info: Any = None
+
+
+class _Reply(CallFuture):
+    """The future of a call a server took: it counts as unanswered (``Server._unreplied``)
+    until the transport's callback, which sends the reply, has run, so that ``close()``
+    waits for the replies, not only for the handlers. (A handler that runs at once, on
+    the transport's thread, settles the future before the transport adds its callback.)"""
+
+    def __init__(self, server: Server):
+        super().__init__()
+        self._server = server
+
+    def add_done_callback(self, fn: Callable) -> None:
+        def reply(fut: CallFuture) -> None:
+            try:
+                fn(fut)
+            finally:
+                self._server._replied()
+
+        super().add_done_callback(reply)
+
+
+def _failed(e: BaseException) -> CallFuture:
+    fut: CallFuture = CallFuture()
+    fut.set_exception(e)
+    return fut
 
 
 class _Deferred(BatchedHandler):
@@ -155,20 +187,20 @@ class _Surface:
             raise AttributeError(name)
         return _Deferred(lambda args: self._server._unknown(name), name)
 
-    def shmpad_portal_ping(self) -> int:
-        return os.getpid()
+    def shmpad_portal_ping(self) -> dict:
+        return {"pid": os.getpid(), "handshake": self._server.options.handshake}
 
 
 class Server:
     def __init__(self, port: int | str, name: str = "Server", workers: int = 1, errors: bool = True, **kwargs: Any):
-        self.host, self.port = transport.parse_port(port)
+        self.port = transport.server_port(port)
         self.name = name
         self.workers = check_int("workers", workers, minimum=1)
         if not isinstance(errors, bool):
             raise TypeError(f"errors must be a bool, got {type_name(errors)}")
         self.errors = errors
-        options = {**runtime.current().serverkw, **kwargs}
-        self.host = self.host or options.get("host") or ("::1" if options.get("ipv6") else "127.0.0.1")
+        self.options = options.server_options(kwargs, type(self).__name__)
+        self.host = self.options.host or ("::1" if self.options.ipv6 else "127.0.0.1")
         self.methods: dict[str, _Method] = {}
         self.running = False
         self._lock = threading.Lock()
@@ -176,6 +208,10 @@ class Server:
         self._pools = [self._pool]
         self._posts: collections.deque[_Job] = collections.deque()  # due for their postfn, in order
         self._posting = False  # a thread runs the postfns now
+        self._post_running = 0  # postfns running now (0 or 1)
+        self._closing = False  # close() began: calls that come now are not taken
+        self._unreplied = 0  # calls taken whose reply the transport has not sent yet (_Reply)
+        self._idle = threading.Condition(self._lock)  # notified when a call taken is done, while closing
         self._order: collections.deque[_Job] = collections.deque()  # jobs with a postfn, in arrival order
         self._stopped = threading.Event()
         self._metrics = {"send": 0, "recv": 0, "time": time.time()}
@@ -191,13 +227,20 @@ class Server:
     def bind(
         self, name: str, workfn: Callable, postfn: Callable | None = None, workers: int = 0, addr: bool = False
     ) -> None:
-        if addr:
+        """``workfn(*args)`` answers calls of ``name`` (``workfn(addr, *args)`` with
+        ``addr=True``: the caller's ``(host, port)``, which only a TCP connection has, so a
+        server with such a method serves every client over TCP)."""
+        if not isinstance(addr, bool):
+            raise TypeError(f"addr must be a bool, got {type_name(addr)}")
+        if addr and transport.forced() == "shm":
             raise ValueError(
-                f"addr=True is not supported (binding {name!r}): a call over shared memory has no socket address"
+                f"addr=True (binding {name!r}) needs TCP, and ${transport.TRANSPORT_ENV}=shm serves shared memory only"
             )
-        self._bind(name, workfn, postfn, workers, batch=0)
+        self._bind(name, workfn, postfn, workers, batch=0, addr=addr)
 
-    def _bind(self, name: str, workfn: Callable, postfn: Callable | None, workers: int, batch: int) -> None:
+    def _bind(
+        self, name: str, workfn: Callable, postfn: Callable | None, workers: int, batch: int, addr: bool = False
+    ) -> None:
         if self.running:
             raise RuntimeError(f"server {self.name!r} is running: bind {name!r} before start()")
         if not isinstance(name, str) or not name or name.startswith("_") or name == PING:
@@ -213,7 +256,7 @@ class Server:
             self._pools.append(pool)
         else:
             pool = self._pool
-        method = _Method(name, workfn, postfn, pool, workers or self.workers, batch)
+        method = _Method(name, workfn, postfn, pool, workers or self.workers, batch, addr)
         self.methods[name] = method
         submit = self._submit_batched if batch else self._submit
         setattr(self._surface, name, _Deferred(lambda args: submit(method, args), name))
@@ -227,12 +270,19 @@ class Server:
             # a thread for every place of every method, so that handlers blocked in their
             # places never leave a call without a thread to take it in
             threads = TRANSPORT_THREADS + sum(m.capacity for m in self.methods.values())
-            if only != "tcp":
+            tcp_only = any(m.addr for m in self.methods.values())  # only TCP calls have a caller's address
+            hello = {"pid": os.getpid(), "handshake": self.options.handshake, "address": None}
+            if only != "tcp" and not tcp_only:
                 self._rpc = RpcServer(self._surface, threads=threads)
-                self._door = transport.Doorbell(self.port, {"address": self._rpc.address, "pid": os.getpid()})
+                hello["address"] = self._rpc.address
             if only != "shm":
                 transport.ensure_token()
-                self._tcp = TcpRpcServer(self._surface, _join(self.host, self.port), threads=threads)
+                self._tcp = TcpRpcServer(
+                    self._surface, _join(self.host, self.port), threads=threads, max_frame=self.options.max_msg_size
+                )
+                hello["tcp"] = self._tcp.address
+            if only != "tcp":
+                self._door = transport.Doorbell(self.port, hello)
         except BaseException:
             self._close_transports()
             self.running = False
@@ -241,17 +291,34 @@ class Server:
             self._stopped.wait()
 
     def close(self, timeout: float | None = None) -> None:
+        """Take no more calls, answer the calls taken (their postfns run too) for at most
+        ``timeout`` s (None: ``CLOSE_WAIT_S``), then close. A call that came too late, or
+        was still running then, has no answer: its client sends it again to the next
+        server at this port (``Client``)."""
         if not self.running:
             return
+        timeout = CLOSE_WAIT_S if timeout is None else check_timeout(timeout)
+        with self._lock:
+            self._closing = True
+        if self._rpc is not None:
+            self._rpc.stop()  # the requests still in the ring stay there, unanswered
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while (self._taken() or self._unreplied) and self._idle.wait(max(0.0, deadline - time.monotonic())):
+                pass
         self.running = False
         self._close_transports()
         for pool in self._pools:
-            for _, job in pool.close():
-                self._cancel(job)
+            pool.close()
         for method in self.methods.values():
-            while method.queue:
-                self._cancel(method.queue.popleft())
+            method.queue.clear()
+            method.filling = None
         self._stopped.set()
+
+    def _taken(self) -> int:
+        """Under the lock: the calls taken and not done (running, waiting for a place or
+        for their postfn)."""
+        return sum(m.capacity - m.available + len(m.queue) for m in self.methods.values())
 
     def _close_transports(self) -> None:
         if self._door is not None:
@@ -279,6 +346,7 @@ class Server:
         }
         if any(m.postfn for m in self.methods.values()):
             stats["post_iqueue"] = len(self._order)
+            stats["post_oqueue"] = len(self._posts) + self._post_running
         return stats
 
     def __enter__(self) -> Server:
@@ -294,45 +362,58 @@ class Server:
     # -- calls ---------------------------------------------------------------------------
 
     def _unknown(self, name: str) -> CallFuture:
-        fut: CallFuture = CallFuture()
-        fut.set_exception(RuntimeError(f"Unknown method {name}"))
-        return fut
+        return _failed(RuntimeError(f"Unknown method {name}"))
+
+    def _accept(self) -> CallFuture | None:
+        """Under the lock: the future of a call this server takes, or None once it closes."""
+        if self._closing:
+            return None
+        self._metrics["recv"] += 1
+        self._unreplied += 1
+        return _Reply(self)
+
+    def _replied(self) -> None:
+        with self._lock:
+            self._unreplied -= 1
+            if self._closing:
+                self._idle.notify_all()
 
     def _submit(self, method: _Method, args: tuple) -> CallFuture:
-        fut: CallFuture = CallFuture()
         try:
             args = packing.normalize(args)
+            if method.addr:
+                args = (_caller_address(), *args)
         except (TypeError, NotImplementedError) as e:
-            fut.set_exception(RuntimeError(f"Could not decode message: {e}"))
-            return fut
+            return _failed(RuntimeError(f"Could not decode message: {e}"))
         with self._lock:
-            self._metrics["recv"] += 1
+            fut = self._accept()
+        if fut is None:
+            return CallFuture()  # never answered: its client sends it again to the next server
         self._schedule(_Job(method, args, [fut]))
         return fut
 
     def _submit_batched(self, method: _Method, args: tuple) -> CallFuture:
-        fut: CallFuture = CallFuture()
         try:
             leaves, structure = packing.tree_flatten(packing.normalize(args))
             leaves = [np.asarray(x) for x in leaves]
             if any(x.dtype == object for x in leaves):
                 raise TypeError("Only array arguments can be batched.")
         except (TypeError, ValueError, NotImplementedError) as e:
-            fut.set_exception(RuntimeError(str(e)))
-            return fut
+            return _failed(RuntimeError(str(e)))
         with self._lock:
-            self._metrics["recv"] += 1
             batch = method.filling
-            if batch is None:
-                batch = method.filling = _Batch(method.batch, structure, leaves)
-            elif not batch.fits(structure, leaves):
-                fut.set_exception(
+            if batch is not None and not batch.fits(structure, leaves):
+                return _failed(
                     RuntimeError(
                         f"Argument structure {structure} does not match previous requests with structure "
                         f"{batch.structure} for batched server method {method.name}."
                     )
                 )
-                return fut
+            fut = self._accept()
+            if fut is None:
+                return CallFuture()  # never answered: its client sends it again to the next server
+            if batch is None:
+                batch = method.filling = _Batch(method.batch, structure, leaves)
             index = len(batch.futures)
             batch.futures.append(fut)
             if len(batch.futures) == method.batch:
@@ -356,11 +437,6 @@ class Server:
             if method.postfn:
                 self._order.append(job)
         job.method.pool.run(self._work, job)
-
-    def _cancel(self, job: _Job) -> None:
-        for fut in job.futures:
-            if not fut.done():
-                fut.set_exception(RuntimeError(f"server {self.name!r} closed before the call ran"))
 
     def _work(self, job: _Job) -> None:
         method = job.method
@@ -414,6 +490,7 @@ class Server:
                     self._posting = False
                     return
                 done = self._posts.popleft()
+                self._post_running = 1
             self._postfn(done)
 
     def _postfn(self, job: _Job) -> None:
@@ -424,11 +501,15 @@ class Server:
                 ctx = runtime.current()
                 ctx.error(e, f"{self.name}/{job.method.name}/postfn")
                 ctx.shutdown(exitcode=1)
+        with self._lock:
+            self._post_running = 0
         self._release(job.method)
 
     def _release(self, method: _Method) -> None:
         with self._lock:
             method.available += 1
+            if self._closing:
+                self._idle.notify_all()
             if not method.queue:
                 return
             job = method.queue.popleft()
@@ -436,6 +517,17 @@ class Server:
             if method.postfn:
                 self._order.append(job)
         method.pool.run(self._work, job)
+
+
+def _caller_address() -> tuple:
+    """The address of the caller whose call this thread takes in (``tcp_server.caller``)."""
+    conn = caller()
+    if conn is None:
+        raise TypeError("the caller's address is known for a call over TCP only")
+    try:
+        return conn.sock.getpeername()
+    except OSError:
+        return tuple(conn.peer.rsplit(":", 1))
 
 
 def _join(host: str, port: int) -> str:

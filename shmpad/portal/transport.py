@@ -41,7 +41,7 @@ __all__ = [
     "TRANSPORT_ENV",
     "forced",
     "ensure_token",
-    "parse_port",
+    "server_port",
     "parse_address",
     "is_local",
     "free_port",
@@ -70,30 +70,43 @@ def ensure_token() -> None:
         os.environ[TOKEN_ENV] = secrets.token_hex(16)
 
 
-def parse_port(port: Any) -> tuple[str | None, int]:
-    """A server's ``port``: an int, ``"P"``, ``":P"`` or ``"HOST:P"``; the host (None if not
-    given) and the port."""
+def server_port(port: Any) -> int:
+    """A server's ``port``: an int, or a str whose part after its last ``:`` is the port
+    (``"P"``, ``":P"``, ``"HOST:P"``, ``"[::1]:P"``...). As on portal, any host in the
+    string is not read: a server binds the ``host`` option (see ``Server``)."""
     if isinstance(port, bool) or not isinstance(port, (int, str)):
         raise TypeError(f"port must be an int or a 'host:port' str, got {type_name(port)}")
-    host = None
     if isinstance(port, str):
         if "://" in port:
             raise ValueError(f"port must be 'host:port' without a scheme, got {port!r}")
-        host, _, number = port.rpartition(":")
-        host = host.strip("[]") or None
+        number = port.rpartition(":")[2]
         try:
             port = int(number)
         except ValueError:
             raise ValueError(f"port must end in a port number, got {number!r}") from None
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
-    return host, port
+    return port
 
 
 def parse_address(addr: Any, ipv6: bool = False) -> tuple[str, int]:
-    """A client's ``addr``: ``"HOST:P"``, ``"P"`` or an int; HOST defaults to loopback."""
-    host, port = parse_port(addr)
-    return host or ("::1" if ipv6 else "127.0.0.1"), port
+    """A client's ``addr``: ``"HOST:P"`` (``"[V6]:P"``), ``"P"``, ``":P"`` or an int;
+    HOST defaults to loopback."""
+    if isinstance(addr, bool) or not isinstance(addr, (int, str)):
+        raise TypeError(f"addr must be an int or a 'host:port' str, got {type_name(addr)}")
+    host = ""
+    if isinstance(addr, str):
+        if "://" in addr:
+            raise ValueError(f"addr must be 'host:port' without a scheme, got {addr!r}")
+        host, _, number = addr.rpartition(":")
+        host = host.strip("[]")
+        try:
+            addr = int(number)
+        except ValueError:
+            raise ValueError(f"addr must end in a port number, got {number!r}") from None
+    if not 0 < addr < 65536:
+        raise ValueError(f"port must be in 1..65535, got {addr}")
+    return host or ("::1" if ipv6 else "127.0.0.1"), addr
 
 
 _local: set[str] | None = None

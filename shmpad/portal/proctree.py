@@ -2,7 +2,8 @@
 ending the whole subtree (SIGTERM, then SIGKILL for what is left after a grace period),
 and removing the shared-memory segments of a process that died without removing them.
 
-Linux only, from ``/proc``, with no dependency (portal uses psutil for the same). The
+Linux only, from ``/proc`` (read by ``shmpad.shm.pids``, the one reader of a process's
+stat), with no dependency (portal uses psutil for the same). The
 subtree is read before any signal is sent: a child whose parent died is re-parented to
 init and could no longer be found by walking down from it. Every process forked here
 also dies with its parent (``shmpad.launch.process.fork``), so one missed by the walk
@@ -15,27 +16,15 @@ import os
 import signal
 import time
 
+from shmpad.shm.pids import pid_alive, proc_stat
 from shmpad.shm.segment import PREFIX, SHM_DIR
 
 __all__ = ["proc_alive", "children", "descendants", "kill_tree", "remove_segments_of"]
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """The state letter, parent pid and session of ``pid``, or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # the name (field 2) is in parentheses and may hold spaces or ')': split after the last ')'
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[1]), int(fields[3])
-
-
 def proc_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    stat = _stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
+    """Whether process ``pid`` exists and is not a zombie (portal's name for ``pid_alive``)."""
+    return pid_alive(pid)
 
 
 def _parents(session: int | None = None) -> dict[int, list[int]]:
@@ -43,9 +32,9 @@ def _parents(session: int | None = None) -> dict[int, list[int]]:
     found: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None and (session is None or stat[2] == session):
-                found.setdefault(stat[1], []).append(int(entry))
+            stat = proc_stat(int(entry))
+            if stat is not None and (session is None or stat.session == session):
+                found.setdefault(stat.ppid, []).append(int(entry))
     return found
 
 
@@ -85,7 +74,7 @@ def kill_tree(pids: list[int], timeout: float = 1.0) -> None:
     while alive and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
-        alive = [p for p in alive if proc_alive(p)]
+        alive = [p for p in alive if pid_alive(p)]
     _signal(alive, signal.SIGKILL)
 
 
