@@ -11,7 +11,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Callable
 
-__all__ = ["Handle", "Node", "Dereferenced", "map_handles", "collect_handles", "as_node", "check_node"]
+__all__ = [
+    "Handle",
+    "Node",
+    "Dereferenced",
+    "map_handles",
+    "collect_handles",
+    "as_node",
+    "check_node",
+    "not_launched",
+]
+
+
+def not_launched(node: str, what: str) -> RuntimeError:
+    """The error of a handle dereferenced before the program that holds its node was
+    launched: ``node`` (as the message names it) has no ``what`` yet."""
+    return RuntimeError(
+        f"{node} has no {what} yet: its handle can be dereferenced only once the program "
+        "that holds the node is launched (shmpad.launch.launcher)"
+    )
 
 
 class Handle:

@@ -31,7 +31,7 @@ from typing import Any
 from shmpad import context
 from shmpad.net.auth import load_token
 from shmpad.net.wire import join_address, parse_address
-from shmpad.nodes.base import Handle, collect_handles
+from shmpad.nodes.base import Handle, not_launched
 from shmpad.nodes.python import PyClassNode
 from shmpad.ringbuf import MPMCRing
 from shmpad.rpc.calls import check_call_timeout
@@ -247,9 +247,7 @@ class CourierNode(PyClassNode):
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
         """Replace the constructor's arguments (handy for nodes that refer to each other)."""
-        self._ctor_args = args
-        self._ctor_kwargs = kwargs
-        self._input_handles = collect_handles((args, kwargs))
+        self._set_constructor_args(args, kwargs)
 
     @property
     def allocated(self) -> bool:
@@ -258,10 +256,7 @@ class CourierNode(PyClassNode):
     @property
     def endpoint(self) -> Endpoint:
         if self._endpoint is None:
-            raise RuntimeError(
-                f"{self.display_name} has no address yet: its handle can be dereferenced only once the program "
-                "that holds the node is launched (shmpad.launch.launcher)"
-            )
+            raise not_launched(self.display_name, "address")
         return self._endpoint
 
     @property

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from shmpad.nodes.base import Handle, Node
+from shmpad.nodes.base import Handle, Node, not_launched
 from shmpad.ringbuf import MPMCRing, SPSCRing, TypedRing
 from shmpad.weights import WeightStore
 
@@ -45,10 +45,7 @@ class _SegmentNode(Node):
     @property
     def segment_name(self) -> str:
         if self._owner is None:
-            raise RuntimeError(
-                f"{self!r} has no shared memory yet: its handle can be dereferenced only once the program "
-                "that holds the node is launched (shmpad.launch.launcher)"
-            )
+            raise not_launched(repr(self), "shared memory")
         return self._owner.name
 
     def allocate(self) -> None:

@@ -57,10 +57,13 @@ class PyClassNode(PyNode):
         if not callable(constructor):
             raise TypeError(f"{type(self).__name__} needs a class or callable, got {type(constructor).__name__}")
         self._constructor = constructor
+        self._set_constructor_args(args, kwargs)
+        self._should_run = True
+
+    def _set_constructor_args(self, args: tuple, kwargs: dict[str, Any]) -> None:
         self._ctor_args = args
         self._ctor_kwargs = kwargs
         self._input_handles = collect_handles((args, kwargs))
-        self._should_run = True
 
     def disable_run(self) -> None:
         """Build the object but do not call its ``run()``."""

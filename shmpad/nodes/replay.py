@@ -20,7 +20,7 @@ from typing import Any
 
 from shmpad._checks import check_number, type_name
 from shmpad.context import current_or_none, wait_for_stop
-from shmpad.nodes.base import Handle, Node
+from shmpad.nodes.base import Handle, Node, not_launched
 from shmpad.replay import SampleBatch, Table, TableInfo, Writer
 
 __all__ = ["ReplayNode", "ReplayClient"]
@@ -162,10 +162,7 @@ class ReplayNode(Node):
 
     def _made(self) -> list[Table]:
         if self._tables is None:
-            raise RuntimeError(
-                f"{self!r} has no tables yet: its handle can be dereferenced only once the program "
-                "that holds the node is launched (shmpad.launch.launcher)"
-            )
+            raise not_launched(repr(self), "tables")
         return self._tables
 
     @property
