@@ -5,6 +5,8 @@
   target score over seeds), ``soak`` (hours of the job with its process tree sampled);
 - examples of programs: ``dqn`` (Launchpad's model: a batched policy server and a replay node);
 - several learners under faults: ``elastic`` (the steps/s a group keeps while members are killed);
+- several hosts on this machine: ``hosts`` (network namespaces behind links of a chosen rate and
+  delay, running the several-hosts commands);
 - shmpad against its peers, side by side: ``envpool``, ``replay``, ``ringbuf``, ``rpc``,
   ``allreduce``, ``portal``.
 

@@ -35,27 +35,17 @@ SLOW_FLAGS = ("--settle", "0.3", "--heartbeat", "0.5", "--timeout", "5")
 
 class Broker:
     """``python -m shmpad.net.broker`` on ``host:port`` (0: a free port), ready when made;
-    ``flags`` (``()``: the command line's defaults) set its heartbeat, timeout and settle delay."""
+    ``flags`` (``()``: the command line's defaults) set its heartbeat, timeout and settle delay;
+    ``popen`` starts it elsewhere (in a host of ``tests/helpers/hosts.py``)."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", flags: tuple[str, ...] = SLOW_FLAGS):
-        self.proc = start_session(
-            [
-                sys.executable,
-                "-m",
-                "shmpad.net.broker",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                *flags,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env(),
-            cwd=ROOT,
-            text=True,
-        )
-        track_pid(self.proc.pid)
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", flags: tuple[str, ...] = SLOW_FLAGS, popen=None):
+        args = [sys.executable, "-m", "shmpad.net.broker", "--host", host, "--port", str(port), *flags]
+        pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env(), cwd=ROOT, text=True)
+        if popen is None:
+            self.proc = start_session(args, **pipes)
+            track_pid(self.proc.pid)
+        else:
+            self.proc = popen(args, **pipes)
         line = self.proc.stdout.readline()
         match = re.search(r"listening on (\S+)", line)
         if not match:
