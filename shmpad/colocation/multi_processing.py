@@ -11,10 +11,9 @@ from typing import Sequence
 
 from shmpad import context
 from shmpad._checks import check_int
-from shmpad.colocation.multi_threading import check_nodes
+from shmpad.colocation.multi_threading import Colocation
 from shmpad.errors import Closed, describe_exit
 from shmpad.launch.process import Restarts, fork
-from shmpad.nodes.base import Handle, Node
 from shmpad.nodes.python import PyNode
 
 __all__ = ["MultiProcessingColocation"]
@@ -22,7 +21,7 @@ __all__ = ["MultiProcessingColocation"]
 _POLL_MS = 100
 
 
-class MultiProcessingColocation(PyNode):
+class MultiProcessingColocation(Colocation):
     """Runs each of ``nodes`` in its own child process of this node. A child that exits
     non-zero is restarted while fewer than ``num_retries_on_failure`` restarts were
     made (one budget for all children); past that the node kills the others and
@@ -31,19 +30,8 @@ class MultiProcessingColocation(PyNode):
 
     def __init__(self, nodes: Sequence[PyNode], num_retries_on_failure: int = 0):
         check_int("num_retries_on_failure", num_retries_on_failure, minimum=0)
-        self._nodes = check_nodes("MultiProcessingColocation", nodes)
         self._num_retries = num_retries_on_failure
-        super().__init__(self._run_all)
-        self._input_handles = [h for n in self._nodes for h in n.input_handles]
-
-    def add_node(self, node: PyNode) -> Handle:
-        check_nodes("MultiProcessingColocation", [node])
-        self._nodes.append(node)
-        self._input_handles.extend(node.input_handles)
-        return node.create_handle()
-
-    def inner_nodes(self) -> list[Node]:
-        return list(self._nodes)
+        super().__init__(nodes, self._run_all)
 
     def _spawn(self, i: int, ctx: context.NodeContext | None) -> tuple[int, int, int]:
         """Fork child ``i``; returns (pid, pidfd, read end of its error pipe)."""

@@ -1,9 +1,10 @@
-"""``MultiThreadingColocation``: several PyNodes as threads of one node."""
+"""``MultiThreadingColocation``: several PyNodes as threads of one node; and what every
+colocation is (``Colocation``: the nodes it holds, checked, and their handles)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from shmpad import context
 from shmpad.nodes.base import Handle, Node
@@ -20,26 +21,34 @@ def check_nodes(kind: str, nodes: Sequence[Node]) -> list[PyNode]:
     return nodes
 
 
-class MultiThreadingColocation(PyNode):
-    """Runs ``nodes`` (PyNodes: PyClassNode and CourierNode included) as threads of one
-    node. The first exception raised by any of them is re-raised by this node. With
-    ``return_on_first_completed`` the node ends when the first inner node ends;
-    otherwise when all have (or one raised)."""
+class Colocation(PyNode):
+    """What every colocation is: a PyNode that runs ``run`` over the PyNodes it holds, and
+    takes their input handles as its own."""
 
-    def __init__(self, nodes: Sequence[PyNode], return_on_first_completed: bool = False):
-        self._nodes = check_nodes("MultiThreadingColocation", nodes)
-        self._return_on_first_completed = return_on_first_completed
-        super().__init__(self._run_all)
+    def __init__(self, nodes: Sequence[PyNode], run: Callable[[], None]):
+        self._nodes = check_nodes(type(self).__name__, nodes)
+        super().__init__(run)
         self._input_handles = [h for n in self._nodes for h in n.input_handles]
 
     def add_node(self, node: PyNode) -> Handle:
-        check_nodes("MultiThreadingColocation", [node])
+        check_nodes(type(self).__name__, [node])
         self._nodes.append(node)
         self._input_handles.extend(node.input_handles)
         return node.create_handle()
 
     def inner_nodes(self) -> list[Node]:
         return list(self._nodes)
+
+
+class MultiThreadingColocation(Colocation):
+    """Runs ``nodes`` (PyNodes: PyClassNode and CourierNode included) as threads of one
+    node. The first exception raised by any of them is re-raised by this node. With
+    ``return_on_first_completed`` the node ends when the first inner node ends;
+    otherwise when all have (or one raised)."""
+
+    def __init__(self, nodes: Sequence[PyNode], return_on_first_completed: bool = False):
+        self._return_on_first_completed = return_on_first_completed
+        super().__init__(nodes, self._run_all)
 
     def _run_all(self) -> None:
         if not self._nodes:
