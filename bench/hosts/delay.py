@@ -3,23 +3,27 @@
     python -I -S bench/hosts/delay.py IFNAME DELAY_US [QUEUE]
 
 Run inside a host's network namespace (``ip netns exec``), as root. It binds netfilter
-queue ``QUEUE`` (``nfnetlink_queue``), then adds one nf_tables rule to the namespace:
-``table ip shmpad-link { chain out { type filter hook postrouting priority 0;
-meta oif IFNAME queue num QUEUE } }`` (no ``bypass``: with no process bound to the
-queue the link drops everything, so a dead delayer is a dead link, never a fast one).
+queue ``QUEUE`` (``nfnetlink_queue``; each namespace has its own queues), then adds one
+nf_tables rule to the namespace: ``table ip shmpad-link { chain out { type filter hook
+postrouting priority 0; meta oif IFNAME NFQUEUE --queue-num QUEUE } }``,
+its verdict the xtables ``NFQUEUE`` target through ``nft_compat`` (what iptables-nft's
+``-j NFQUEUE`` sends; a kernel may lack nft's own ``queue`` expression, as the one this
+was written on does). No ``bypass``: with no process bound to the queue the link drops
+everything, so a dead delayer is a dead link, never a fast one.
 The kernel then parks every IPv4 packet leaving through ``IFNAME`` in the queue and
-sends this process its id (metadata only; the payload stays in the kernel, and with
-``NFQA_CFG_F_GSO`` a TCP segment of up to 64 KiB is one packet). ``DELAY_US``
+sends this process its id (metadata only: the payload stays in the kernel, and with
+``NFQA_CFG_F_GSO`` it does not cut a GSO packet into segments to queue it). ``DELAY_US``
 microseconds after a packet arrived, one ``NFQNL_MSG_VERDICT_BATCH`` accepts it and
 every packet queued before it, in order, and the packet goes on to the link's qdisc
 (the token bucket that limits its rate). It prints ``ready`` once the rule is in place.
 
 Why not ``tc qdisc ... netem delay``: a kernel built without ``CONFIG_NET_SCH_NETEM``
 has no netem (tc says "Specified qdisc kind is unknown"), and without ``fq`` no qdisc
-honours a packet's departure time either; netfilter queues are in every distribution
-kernel. The cost: a packet is late by at least ``DELAY_US``, and by as much more as
+honours a packet's departure time either; netfilter queues are in most kernels (built
+in on that one). The cost: a packet is late by at least ``DELAY_US``, and by as much more as
 this process is late to wake (its timer slack is set to 1 ns; on a busy core, a
-scheduling delay is added). ``bench/hosts/netns.py`` measures the round trip it gives.
+scheduling delay is added). ``Hosts.measure`` (``bench/hosts/netns.py``) measures the
+round trip a link gives, and ``python -m bench.hosts`` prints it before every run.
 
 Standard library only (it starts under ``python -I -S`` in a few milliseconds), no
 import of shmpad. Ends on SIGTERM or SIGINT; the rule ends with its namespace.
