@@ -22,6 +22,7 @@ from helpers import pid_alive, read_line, spawn_python, wait_until
 from helpers.hosts import hosts, popen  # noqa: F401 (hosts is a fixture)
 from helpers.net_procs import SLOW_FLAGS, Broker, Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 
+from bench.hosts.__main__ import core_shares, parse_args
 from bench.hosts.netns import NAME, Hosts, Link, remove_stale
 
 FAST_FLAGS = ("--settle", "0.3", "--heartbeat", "0.2", "--timeout", "1.5")
@@ -200,3 +201,30 @@ def test_a_host_whose_cable_is_pulled_is_dropped_and_rejoins_level_when_it_is_pl
 def _namespaces() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--link", "1gbps"], "--link: a link's rate is a number and one of bit, kbit, mbit, gbit"),
+        (["--hosts", "0"], "--hosts must be at least 1, got 0"),
+        (["--", "--peers", "10.0.0.1:4431"], "--peers: bench.hosts sets it for every job"),
+        (["--", "--out=runs/x"], "--out: bench.hosts sets it for every job"),
+    ],
+)
+def test_the_bench_command_names_what_it_refuses(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert match in capsys.readouterr().err
+
+
+def test_the_bench_command_gives_each_host_its_own_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    first, second = core_shares(2, "split")
+    if len(cores) >= 2:
+        assert first and second and not set(first) & set(second), (first, second)
+    else:
+        assert first == second == cores
+    assert core_shares(3, "all") == [None, None, None]
+    args, link, job = parse_args(["--link", "10gbit,50us", "--", "--compile", "off"])
+    assert (args.hosts, link, job) == (2, Link(10**10, 50e-6), ["--compile", "off"])

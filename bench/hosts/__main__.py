@@ -1,7 +1,7 @@
 """``python -m bench.hosts``: the README's several-hosts commands, on hosts made on this
 machine and joined by links of a chosen rate and delay.
 
-    python -m bench.hosts                                   # 2 hosts, 1gbit,0.5ms links, 60 s
+    python -m bench.hosts                                   # 2 hosts, 1gbit,0.5ms links, 120 s
     python -m bench.hosts --hosts 3 --link 10gbit,50us --seconds 120
     python -m bench.hosts -- --env ALE/Breakout-v5          # after --: more options for every job
 
@@ -45,7 +45,7 @@ class Args:
     """hosts to make, each a network namespace with its own address on one switch"""
     link: str = "1gbit,0.5ms"
     """every host's link: RATE,DELAY as tc writes them (10gbit,50us; 1gbit,0.5ms; 0: no limit, no delay)"""
-    seconds: float = 60.0
+    seconds: float = 120.0
     """how long the jobs run before they are stopped as Ctrl+C stops them (they may end sooner)"""
     cores: str = "split"
     """split: each host's job on its own share of this machine's cores; all: every job on every core"""
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> tuple[Args, Link, list[str]]:
         "The README's several-hosts commands on hosts made on this machine (network namespaces),\n"
         "joined by links of a chosen rate and delay. As root.",
         epilog="examples:\n"
-        "  python -m bench.hosts                                   2 hosts, 1gbit,0.5ms links, 60 s\n"
+        "  python -m bench.hosts                                   2 hosts, 1gbit,0.5ms links, 120 s\n"
         "  python -m bench.hosts --hosts 3 --link 10gbit,50us --seconds 120\n"
         "  python -m bench.hosts -- --env ALE/Breakout-v5          after --: more options for every job",
         choices={"cores": ("split", "all")},
