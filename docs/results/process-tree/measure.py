@@ -4,7 +4,7 @@ Run from the root of the checkout to measure (the launchers, ``python -c``, impo
 from the working directory), with this file's checkout providing the tests:
     cd CHECKOUT && PYTHONPATH=$PWD python /path/to/docs/results/process-tree/measure.py [TRIALS]
 Each trial launches a program whose node starts one helper of the kind (see
-tests/test_orphans.py: all ignore SIGTERM but the polite one), SIGKILLs the launcher and
+tests/test_launch_orphans.py: all ignore SIGTERM but the polite one), SIGKILLs the launcher and
 counts the helpers still running 15 s later (the test's deadline).
 """
 
@@ -14,7 +14,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
 
-from test_orphans import HELPER_KINDS, helpers_survive_a_killed_launcher  # noqa: E402
+from test_launch_orphans import HELPER_KINDS, helpers_survive_a_killed_launcher  # noqa: E402
 
 import shmpad  # noqa: E402
 

@@ -1,6 +1,8 @@
-"""The consumer's cost alone, three versions of SPSCRing.get_bytes side by side in one process:
+"""The consumer's cost alone, three versions of SPSCRing.get_bytes side by side in one process.
+Runs on a checkout of commit 2acabdb (it uses SPSCRing's private state of then):
 
-    cd CHECKOUT && PYTHONPATH=$PWD python docs/results/ringbuf-exactly-once/get_bytes_ab.py
+    git archive 2acabdb | tar -x -C CHECKOUT && cd CHECKOUT
+    PYTHONPATH=$PWD python docs/results/ringbuf-exactly-once/get_bytes_ab.py
 
 - main: main 9231560's get_bytes (copied below), which frees a run only at its end;
 - first: commit e78c70a's (copied below), a DELIVERED store per message handed out;
