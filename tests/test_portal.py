@@ -18,7 +18,7 @@ import pytest
 from helpers import ours, shm_entries, track_pid, wait_until
 
 import shmpad.portal as portal
-from shmpad.portal import proctree
+from shmpad.portal import forkserver, proctree
 
 HANG_S = 60.0  # a hang guard, never a timing assertion
 
@@ -43,7 +43,9 @@ def _readable(fd: str) -> bool:
 
 @pytest.fixture
 def clean():
-    """Nothing a test made outlives it: threads, sockets, /dev/shm entries."""
+    """Nothing a test made outlives it: threads, sockets, /dev/shm entries. (The fork
+    server lives as long as this process: it is made before the count.)"""
+    forkserver.server()
     threads = set(threading.enumerate())
     sockets = {f for f in _fds() if f.startswith("socket:")}
     shm = ours(shm_entries())

@@ -14,7 +14,8 @@ It stops through the error file, as a DreamerV3 program stops on an error: once 
 learner has trained ``--steps`` steps it writes the error file, every process watching
 it exits with code 2, and ``run`` raises. With ``--restart-after N`` the actor closes
 its server after N batches and serves again on the same port, so that every
-environment sees ``Disconnected`` and reconnects. ``--tcp-envs 0,2`` makes those
+environment sees ``Disconnected`` and reconnects; the learner then also waits, before
+the stop, until the logger has counted a reconnect of every environment. ``--tcp-envs 0,2`` makes those
 environments call the actor over TCP, as if from another host. ``--close-timeout S``
 bounds that restart's close: portal 3.8.3's ``BatchServer.close`` closes its inner
 server before its batcher has had every batch it forwarded answered, so a batch forwarded in that
@@ -164,6 +165,7 @@ def logger(args, ports):
     server = portal.Server(ports["logger"], name="Logger")
     server.bind("add", add)
     server.bind("tran", tran)
+    server.bind("reconnected", lambda: sum(1 for k in counts if k.endswith("/reconnects")))
     server.start()
 
 
@@ -178,6 +180,8 @@ def learner(args, ports):
         batch = futures.popleft().result()
         assert batch["image"].shape == (args.sample, args.size, args.size, 3), batch["image"].shape
         logger.add({"train/steps": step + 1}).result()
+    while args.restart_after and logger.reconnected().result() < args.envs:
+        time.sleep(0.05)  # the restart is what this run is for: every environment reconnects before the stop
     # the program-wide stop: every process watching the error file ends
     errfile = pathlib.Path(args.logdir) / "error"
     errfile.write_text(f"learner finished {args.steps} steps")

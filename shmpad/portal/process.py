@@ -1,34 +1,39 @@
-"""``Process``: a forked worker process that ends with its whole subtree.
+"""``Process``: a worker process that ends with its whole subtree.
 
-It is started with shmpad's one fork helper (``shmpad.launch.process.fork``): the
-child dies with the thread that forked it (parent-death signal), leads its own process
-group, and is registered with the program's janitor, which ends that group and removes
-the program's shared-memory segments once every process of the program is gone, even
-after a SIGKILL of the launcher. Arguments are inherited, not pickled: cloudpickled
-bytes, ``context.mp`` events and pipe ends, sockets and closures all work.
+It is forked by this process's fork server (``forkserver``), made by the first
+``Process`` a process constructs: a worker never inherits a lock that another thread
+held when it started, and still starts in the time of a fork. Its function travels
+cloudpickled and its arguments pickled as ``multiprocessing`` pickles a spawned
+process's, as on portal (``context.mp`` objects, pipe ends and sockets work), with this
+process's environment, working directory, import path and portal context. The worker
+leads its own process group, dies with the server, which dies with this process, and
+is registered with the program's janitor, which ends that group and removes the
+program's shared-memory segments once every process of the program is gone, even after
+a SIGKILL of the launcher.
 
-In the child, the init functions run again and the error file is watched; the
+In the worker, the init functions run again and the error file is watched; the
 function's return value (an int, else 0) is the exit code, an exception is reported
 (``Error in 'name' ...``, and in the error file) and exits 1, ``SystemExit`` and
-``KeyboardInterrupt`` exit 2, as in portal. SIGTERM (``kill``) ends the child's own
-subtree and removes its segments before the child dies of it. However it ends, the
-child ends its subtree first (``runtime.Context.shutdown``); a child that died of a
-signal it could not handle (SIGKILL) has its segments removed by the parent that reaps it.
+``KeyboardInterrupt`` exit 2, as in portal. SIGTERM (``kill``) ends the worker's own
+subtree and removes its segments before the worker dies of it. However it ends, the
+worker ends its subtree first (``runtime.Context.shutdown``); a worker that died of a
+signal it could not handle (SIGKILL) has its segments removed by the process that
+started it, when it learns of the end.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import select
 import signal
 import time
 import traceback
 import weakref
 from typing import Any, Callable
 
-from shmpad.launch.process import fork
-from shmpad.portal import runtime
+import cloudpickle
+
+from shmpad.portal import forkserver, runtime
 from shmpad.portal.proctree import children, kill_tree, proc_alive, remove_segments_of
 from shmpad.portal.transport import ensure_token
 from shmpad.shm import janitor
@@ -47,8 +52,8 @@ class Process:
         self.started = False
         self.killed = False
         self.thepid: int | None = None
-        self._status: int | None = None
-        self._pidfd = -1
+        self._sentinel: forkserver.Sentinel | None = None
+        forkserver.server()  # made now, before run() starts the program's threads
         ref = weakref.ref(self)
         atexit.register(lambda: (p := ref()) is not None and p._atexit())
         runtime.current().add_worker(self)
@@ -80,21 +85,12 @@ class Process:
     def start(self) -> Process:
         if self.started:
             raise RuntimeError(f"process {self.name!r} was started already")
+        ensure_token()  # every process of the program holds the same TCP token
+        work = _Work(self.name, cloudpickle.dumps(self.fn), self.args, runtime.current().options())
+        payload, fds = forkserver.dumps(work)
+        self.thepid, self._sentinel = forkserver.server().start(payload, fds)
         self.started = True
-        ensure_token()  # before the fork: every process of the program holds the same TCP token
-        janitor.start()  # before the fork: the child holds the janitor's pipe
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            # the child reports its own errors (portal's wording); fork's traceback of the
-            # SystemExit that carries the exit code goes nowhere
-            self.thepid = fork(self._body, error_fd=devnull)
-        finally:
-            os.close(devnull)
         janitor.register_group(self.thepid)
-        try:
-            self._pidfd = os.pidfd_open(self.thepid)
-        except (AttributeError, OSError):
-            self._pidfd = -1  # older kernels: join polls
         return self
 
     def join(self, timeout: float | None = None) -> Process:
@@ -105,10 +101,7 @@ class Process:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
-            if self._pidfd >= 0:
-                select.select([self._pidfd], [], [], left)
-            else:
-                time.sleep(0.01 if left is None else min(0.01, left))
+            self._poll(left)
         return self
 
     def kill(self, timeout: float = 1.0) -> Process:
@@ -126,34 +119,43 @@ class Process:
     def __repr__(self) -> str:
         return f"Process(name={self.name}, pid={self.pid}, running={self.running}, exitcode={self.exitcode})"
 
-    def _poll(self) -> int | None:
-        if self._status is None and self.thepid is not None:
-            try:
-                pid, status = os.waitpid(self.thepid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status = self.thepid, 0  # reaped elsewhere (forked from another thread's view)
-            if pid == self.thepid:
-                self._status = status
-                if os.WIFSIGNALED(status):
-                    remove_segments_of(self.thepid)  # it could not remove them itself
-                janitor.unregister_group(self.thepid)
-                if self._pidfd >= 0:
-                    os.close(self._pidfd)
-                    self._pidfd = -1
-        return self._status
+    def _poll(self, timeout: float | None = 0.0) -> int | None:
+        """The wait status once the worker ended (waiting up to ``timeout`` s), else None."""
+        if self._sentinel is None:
+            return None
+        known = self._sentinel.status is not None
+        status = self._sentinel.poll(timeout)
+        if status is not None and not known:
+            if os.WIFSIGNALED(status):
+                remove_segments_of(self.thepid)  # it could not remove them itself
+            janitor.unregister_group(self.thepid)
+        return status
 
     def _atexit(self) -> None:
         if self.started and self._poll() is None:
             self.kill()
 
-    def _body(self) -> None:
+
+class _Work:
+    """What a worker runs, as it travels to the fork server (``forkserver.dumps``)."""
+
+    def __init__(self, name: str, fn: bytes, args: tuple, options: dict):
+        self.name = name
+        self.fn = fn
+        self.args = args
+        self.options = options
+        self.state = forkserver.interpreter_state()
+
+    def __call__(self) -> None:
+        forkserver.restore_interpreter_state(self.state)
+        runtime.current().restart_in_child()
+        runtime.reset()  # the context is the launching process's (options), not the fork server's
         ctx = runtime.current()
-        ctx.restart_in_child()
         signal.signal(signal.SIGTERM, _terminated)
         code = 0
         try:
-            ctx.setup(**ctx.options())  # the init functions again, the error file watched
-            result = self.fn(*self.args)
+            ctx.setup(**self.options)  # the init functions again, the error file watched
+            result = cloudpickle.loads(self.fn)(*self.args)
             code = result if isinstance(result, int) and not isinstance(result, bool) else 0
         except (SystemExit, KeyboardInterrupt) as e:
             where = "\n".join(line.split("\n", 1)[0] for line in traceback.format_tb(e.__traceback__))

@@ -8,11 +8,11 @@ appears. A process ends through ``shutdown``: its whole subtree first, then the
 shared-memory segments it made, then ``os._exit`` (no atexit handler or thread of a
 failed process gets to run on).
 
-The context travels to processes by fork, so it is simply inherited; a child still
+The context travels to a process with its function (``process``), and the process
 runs the init functions again, as portal's spawned children do (an init function sets
-up per-process state: a seed, a logger, a device). ``context.mp`` is the fork context
-of ``multiprocessing``: the events, barriers and pipes a program makes with it are
-inherited by the processes it forks (see docs/portal.md on portal's spawn).
+up per-process state: a seed, a logger, a device). ``context.mp`` is the spawn context
+of ``multiprocessing``, as on portal: the events, barriers, queues and pipes a program
+makes with it travel to its processes as their arguments (see docs/portal.md).
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ class Context:
 
     @property
     def mp(self) -> Any:
-        """The ``multiprocessing`` context whose objects (``Event``, ``Barrier``, ``Pipe``)
-        this program's processes share: fork's, since they are forked."""
-        return multiprocessing.get_context("fork")
+        """The ``multiprocessing`` context whose objects (``Event``, ``Barrier``, ``Queue``,
+        ``Pipe``) this program's processes share: spawn's, as on portal, since a
+        ``Process``'s arguments travel pickled as a spawned process's do (``forkserver``)."""
+        return multiprocessing.get_context("spawn")
 
     def options(self) -> dict:
         return {

@@ -300,6 +300,11 @@ class Server:
         timeout = CLOSE_WAIT_S if timeout is None else check_timeout(timeout)
         with self._lock:
             self._closing = True
+            for method in self.methods.values():
+                if method.filling is not None:
+                    # a batch that cannot fill any more never runs: its calls go unanswered
+                    self._unreplied -= len(method.filling.futures)
+                    method.filling = None
         if self._rpc is not None:
             self._rpc.stop()  # the requests still in the ring stay there, unanswered
         deadline = time.monotonic() + timeout
