@@ -1,9 +1,11 @@
 """``python -m bench.impala.compare``: flags checked before anything runs, the figures a
-run's log gives, and a tiny comparison end to end (its figures are not checked: a
-benchmark is never a timed unit test), including a run stopped after ``--seconds``."""
+run's log gives, and a tiny comparison end to end, including a run stopped after
+``--seconds``. Its figures are checked against its runs' own logs, never against a speed:
+a benchmark is never a timed unit test."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -15,6 +17,29 @@ from helpers import wait_until
 from bench.impala import compare
 
 TINY = "--env CartPole-v1 --num-actors 1 --num-workers 1 --envs-per-worker 4 --batch-size 4 --unroll-length 5"
+FRAMES_PER_UPDATE = 4 * 5
+"""a TINY learner update: 4 unrolls of 5 CartPole steps, one frame each"""
+
+
+def assert_a_sane_log(run: str, frames_per_s: float) -> None:
+    """The figure a comparison reports is what its run's ``log.csv`` gives, and that log adds up:
+    frames come in whole updates of ``FRAMES_PER_UPDATE``, at least one per optimiser step (an
+    update whose step was skipped still counts its frames), and grow, and each row's frames/s is
+    the frames it added over the seconds it took, to the rounding of its columns (fps to 0.1,
+    seconds to 0.01). A run that logged nonsense, or a comparison that read another file or
+    column, fails here; how fast the machine runs does not enter it."""
+    with open(os.path.join(run, "log.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert rows and compare.steady(rows)["frames_per_s"] == frames_per_s
+    before_frames, before_seconds = 0, 0.0
+    for row in rows:
+        frames, seconds, fps = int(row["frames"]), float(row["seconds"]), float(row["fps"])
+        assert frames % FRAMES_PER_UPDATE == 0 and frames >= int(row["learner_steps"]) * FRAMES_PER_UPDATE, row
+        assert frames >= before_frames and seconds > before_seconds and fps >= 0, row
+        took = seconds - before_seconds
+        assert abs(fps * took - (frames - before_frames)) <= 0.05 * took + 0.011 * fps + 1, row
+        before_frames, before_seconds = frames, seconds
+    assert 0 < before_frames < 100_000_000, "the run learned nothing, or ran to its budget"
 
 
 @pytest.mark.parametrize(
@@ -96,9 +121,10 @@ def test_two_arms_compare_and_a_run_stops_after_its_seconds(tmp_path, capsys, sh
     report = json.loads(lines[-1][len("report: ") :])
     assert [a["flags"] for a in report["arms"]] == ["--learner-threads 1", "--pin off"]
     assert report["arms"][0]["ratio_to_first"] == 1.0
-    assert all(
-        a["frames_per_s"] > 0 and len(a["per_round"]) == len(a["mean_return_per_round"]) == 1 for a in report["arms"]
-    )
+    assert all(len(a["per_round"]) == len(a["mean_return_per_round"]) == 1 for a in report["arms"])
+    for i, a in enumerate(report["arms"]):  # each arm's figure is its run's log, and the log adds up
+        assert a["frames_per_s"] == a["per_round"][0]
+        assert_a_sane_log(str(keep / f"arm{i}-round1"), a["per_round"][0])
     for a in report["arms"]:  # each run's breakdown, as its line printed it
         (b,) = a["breakdown_per_round"]
         assert set(b) == set(compare.STEADY_COLUMNS) and 0 <= b["wait_fraction"] <= 1
@@ -113,7 +139,7 @@ def test_a_run_that_does_not_stop_in_its_grace_is_killed_with_its_whole_session(
     got = compare.run_one(
         ["--log-interval", "1", *f"{TINY} --total-frames 100000000".split()], str(tmp_path / "run"), 8.0
     )
-    assert got["frames_per_s"] > 0  # the rows it logged before it was killed
+    assert_a_sane_log(str(tmp_path / "run"), got["frames_per_s"])  # the rows it logged before it was killed
     assert _session_members(got["pid"]) == []  # its nodes saw their parent gone and exited
     assert wait_until(lambda: not (set(os.listdir("/dev/shm")) - before), 60), set(os.listdir("/dev/shm")) - before
 

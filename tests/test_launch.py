@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
-from helpers import pid_alive, track_pid
+from helpers import pid_alive, track_pid, wait_until
 
 import shmpad as lp
 from shmpad import NodeFailed
@@ -490,7 +490,9 @@ def test_data_nodes_close_when_the_program_stops():
     queue = program.add_node(lp.RingNode(4, slot_size=64), "queue")
     program.add_node(lp.PyNode(lambda q: q.get_bytes(), queue), "consumer")
     manager = lp.launch(program, launch_type="test_mp")
-    time.sleep(0.2)
+    ring = queue.dereference()  # only read here: closing this handle would close the ring for the consumer too
+    # the consumer counts a wait on the empty ring as it begins to block (60 s: a hang guard)
+    assert wait_until(lambda: ring.statistics().waits_empty >= 1, 60), "the consumer never blocked on the ring"
     manager.stop_and_wait()
     assert manager.exit_codes() == {"consumer/0": 0}
     assert manager.failure is None
@@ -518,8 +520,8 @@ def test_test_case_cleanup_stops_and_raises(launch_type, capfd):
     case2 = _Case()
     program2 = lp.Program("cleanup2")
     program2.add_node(lp.PyNode(daemon_fails), "broken")
-    lp.launch(program2, launch_type=launch_type, test_case=case2)
-    time.sleep(0.5)
+    manager2 = lp.launch(program2, launch_type=launch_type, test_case=case2)
+    assert wait_until(lambda: manager2.failure is not None, 60), "the node's failure was never recorded"
     with pytest.raises(RuntimeError, match="daemon broke"):
         case2.run_cleanups()
     capfd.readouterr()

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from helpers import (
@@ -174,7 +173,9 @@ def _start_and_get_pids(tmp_path, *args):
 def test_ctrl_c_twice_kills_at_once(tmp_path):
     proc, pids = _start_and_get_pids(tmp_path, "--stubborn")
     os.kill(proc.pid, signal.SIGINT)
-    time.sleep(0.3)
+    # a node's stop handler runs once the launcher has taken the first Ctrl+C and begun the stop
+    while not read_line(proc, timeout=60).endswith("stop handler 0"):
+        pass
     os.kill(proc.pid, signal.SIGINT)
     code, out, err = finish(proc)  # within its 60 s hang guard: not the 600 s termination notice
     assert "Killing every node now." in err

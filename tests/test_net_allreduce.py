@@ -566,6 +566,16 @@ def _ring_in_thread(
     return thread, out
 
 
+def _waits_for(mesh: Mesh, key: str, stage: str) -> bool:
+    """Whether ``mesh``'s ``ring(key)`` has come to ``stage``: connected to its next member
+    (which it does before it waits for the previous one), and for the welcome, also
+    joined by its previous member. Read from the mesh's record of the ring it forms."""
+    forming = mesh._forming.get(key)
+    if forming is None or forming.out is None:
+        return False
+    return stage == "waiting for the previous member" or forming.incoming is not None
+
+
 @pytest.mark.parametrize("stage", ["waiting for the previous member", "waiting for the next member's welcome"])
 @pytest.mark.parametrize("how", ["abandon", "close"])
 def test_a_ring_still_forming_is_abandoned_promptly(meshes, stage, how):
@@ -580,7 +590,7 @@ def test_a_ring_still_forming_is_abandoned_promptly(meshes, stage, how):
         addresses = [a.address, b.address, c.address]
         other, _ = _ring_in_thread(c, "k", addresses, 2, timeout=2)
     thread, out = _ring_in_thread(a, "k", addresses, 0, timeout=600)
-    time.sleep(0.5)  # a is inside ring() by now (a slower start only means it is woken before it waits)
+    assert wait_until(lambda: _waits_for(a, "k", stage), 60), f"a never came to be {stage}"
     assert thread.is_alive()
     a.abandon("k", "the group changed") if how == "abandon" else a.close()
     thread.join(60)  # hang guard: only the abandon or close can end a 600 s wait this soon

@@ -279,13 +279,22 @@ def test_call_before_the_ring_exists_times_out_with_call_timeout():
         c.ping()
 
 
-def test_handlers_run_concurrently(client):
+def test_handlers_run_concurrently():
     """A handler that blocks does not stop the server from serving others: one call
     waits on a gate that only another call can open."""
-    waiting = client.futures.wait_gate()
-    time.sleep(0.05)
-    assert client.open_gate() is True
-    assert waiting.result(10) is True
+    service = Service()
+    server = RpcServer(service)
+    client = RpcClient(server.address)
+    try:
+        waiting = client.futures.wait_gate()
+        assert service.at_gate.wait(60)  # its handler runs and waits at the gate (60 s: a hang guard)
+        assert not waiting.done()
+        assert client.open_gate() is True
+        assert waiting.result(10) is True
+    finally:
+        client.close()
+        server.close()
+        assert server.wait(10)
 
 
 def test_a_handler_blocked_on_a_later_call_of_its_run_does_not_stall_it():
@@ -455,12 +464,25 @@ def test_many_threads_waiting_on_futures_share_the_reading(client):
     assert not run_in_threads(work, 6)
 
 
-def test_cancelled_future_drops_its_reply(client):
-    fut = client.futures.sleep(0.2)
-    assert fut.cancel() and fut.cancelled()
-    assert client.futures.add(1, 2).result(10) == 3  # the reply of the cancelled call is dropped
-    time.sleep(0.3)
-    assert client.futures.add(2, 2).result(10) == 4
+def test_cancelled_future_drops_its_reply():
+    """The reply of a cancelled call, which comes after another call was answered and
+    before the next one is made, answers neither."""
+    service = Service()
+    server = RpcServer(service)
+    client = RpcClient(server.address)
+    try:
+        fut = client.futures.wait_gate()
+        assert fut.cancel() and fut.cancelled()
+        assert client.futures.add(1, 2).result(10) == 3  # the cancelled call is still at its gate
+        service.gate.set()
+        # both replies are in the client's ring of future replies before the next call is made
+        replies = client._futures_ring
+        assert wait_until(lambda: replies.statistics().puts == 2, 60), replies.statistics()
+        assert client.futures.add(2, 2).result(10) == 4
+    finally:
+        client.close()
+        server.close()
+        assert server.wait(10)
 
 
 class _BreaksOnLoad:

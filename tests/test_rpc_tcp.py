@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import cloudpickle
 import numpy as np
@@ -562,12 +563,20 @@ print(json.dumps(out), flush=True)
 """
 
 
+def cannot_make_another_host(reason: str) -> NoReturn:
+    """Under CI (``CI=true``), where the machine is made to allow namespaces, a failure that
+    names the reason; elsewhere a skip with the reason (a user's machine may not allow them)."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must run the another-host case, but {reason}")
+    pytest.skip(reason)
+
+
 @contextlib.contextmanager
 def other_host():
     """A network namespace joined to this one by a veth pair: a stand-in for another host.
     Yields ``(namespace, address of this side)``; both are removed on exit, whatever happened."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("a network namespace needs root and iproute2")
+        cannot_make_another_host("a network namespace needs root and iproute2")
     pid = os.getpid()
     name, outer, inner = f"shmpad-rpc-{pid}", f"shr{pid}o", f"shr{pid}i"
     third, fourth = (pid >> 6) % 250, (pid % 64) * 4  # a /30 of its own per test process
@@ -585,13 +594,20 @@ def other_host():
         for step in steps:
             done = subprocess.run(["ip", *step], check=False, capture_output=True, text=True, timeout=30)
             if done.returncode:
-                pytest.skip(
+                cannot_make_another_host(
                     f"this machine does not allow a namespace with a veth pair: `ip {' '.join(step)}`: {done.stderr.strip()}"
                 )
         yield name, here
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", outer], check=False, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_other_host_fails_under_ci_and_is_skipped_elsewhere(monkeypatch, ci, outcome):
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="`ip netns add x` failed"):
+        cannot_make_another_host("`ip netns add x` failed")
 
 
 @pytest.mark.parametrize("where", ["this host", "this host, tcp forced", "another host"])
