@@ -22,21 +22,26 @@ from learners.loss import policy_gradient_loss
 # Models
 from learners.models import ActorCritic
 from learners.models import MLPTorso
+from learners.models import ModelConfig
 from learners.models import ModelOutput
 from learners.models import NatureTorso
 from learners.models import ResNetTorso
 from learners.models import make_model
 
 # The learner
+from learners.config import LearnerConfig
 from learners.learner import Learner
-from learners.learner import LearnerConfig
+from learners.schedule import KLAdaptive
+from learners.schedule import linear_decay
 
 __all__ = [
     "ActorCritic",
     "ImpalaLoss",
+    "KLAdaptive",
     "Learner",
     "LearnerConfig",
     "MLPTorso",
+    "ModelConfig",
     "ModelOutput",
     "NatureTorso",
     "ResNetTorso",
@@ -51,6 +56,7 @@ __all__ = [
     "from_importance_weights",
     "from_logits",
     "impala_loss",
+    "linear_decay",
     "make_model",
     "policy_gradient_loss",
 ]

@@ -20,8 +20,9 @@ observation, clipped to [-1, 1]: the inputs of torchbeast's and moolib's Atari n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -32,6 +33,7 @@ from learners._checks import describe
 __all__ = [
     "ActorCritic",
     "MLPTorso",
+    "ModelConfig",
     "ModelOutput",
     "NatureTorso",
     "ResNetTorso",
@@ -363,6 +365,74 @@ def orthogonal_init(model: ActorCritic) -> ActorCritic:
     return model
 
 
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network a job trains, checked when made; ``build`` makes it. The same fields, under
+    the same names (``kind`` is ``model``), are a run's config.json entries, from which
+    ``from_record`` rebuilds it for evaluation and resuming."""
+
+    kind: Literal["shallow", "deep", "mlp"] = "shallow"
+    """the Nature CNN (shallow), the IMPALA ResNet (deep) or an MLP (vector observations)"""
+    init: Literal["torch", "orthogonal"] = "torch"
+    """torch's default initialisation of each layer, or ``orthogonal_init``'s"""
+    use_lstm: bool = False
+    """an LSTM core after the torso"""
+    last_action_reward: bool = False
+    """the core and heads also see the previous action (one-hot) and the clipped reward"""
+    normalize_input: bool = False
+    """the torso standardises its inputs by running statistics (``RunningNorm``) instead of scaling frames by 1/255"""
+    normalize_value: bool = False
+    """the baseline predicts values standardised by running statistics of the value targets"""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("shallow", "deep", "mlp"):
+            raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {self.kind!r}")
+        if self.init not in ("torch", "orthogonal"):
+            raise ValueError(f"init must be 'torch' or 'orthogonal', got {self.init!r}")
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ModelConfig:
+        """The model of a run's config.json (a setting it does not record is off)."""
+        return cls(
+            record["model"],
+            record.get("init", "torch"),
+            *(
+                bool(record.get(name))
+                for name in ("use_lstm", "last_action_reward", "normalize_input", "normalize_value")
+            ),
+        )
+
+    def record(self) -> dict[str, Any]:
+        """This model as config.json's entries (``from_record``'s inverse)."""
+        return {"model" if k == "kind" else k: v for k, v in asdict(self).items()}
+
+    def flags(self) -> str:
+        """The command-line flags that give this model (for messages)."""
+        switches = [f"--{k.replace('_', '-')}" for k, v in asdict(self).items() if v is True]
+        return " ".join([f"--model {self.kind}", f"--init {self.init}", *switches])
+
+    def build(self, obs_shape: Sequence[int], num_actions: int) -> ActorCritic:
+        """A new network for observations of ``obs_shape`` and ``num_actions`` actions."""
+        if self.kind == "shallow":
+            torso: nn.Module = NatureTorso(obs_shape, normalize=self.normalize_input)
+        elif self.kind == "deep":
+            torso = ResNetTorso(obs_shape, normalize=self.normalize_input)
+        else:
+            if len(tuple(obs_shape)) != 1:
+                raise ValueError(
+                    f"the mlp model takes vector observations, obs_shape (obs_dim,), got {tuple(obs_shape)!r}"
+                )
+            torso = MLPTorso(obs_shape[0], normalize=self.normalize_input)
+        model = ActorCritic(
+            torso,
+            num_actions,
+            use_lstm=self.use_lstm,
+            last_action_reward=self.last_action_reward,
+            normalize_value=self.normalize_value,
+        )
+        return orthogonal_init(model) if self.init == "orthogonal" else model
+
+
 def make_model(
     kind: Literal["shallow", "deep", "mlp"],
     obs_shape: Sequence[int],
@@ -373,24 +443,7 @@ def make_model(
     normalize_input: bool = False,
     normalize_value: bool = False,
 ) -> ActorCritic:
-    """The Nature CNN (``"shallow"``), the IMPALA ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``);
-    ``use_lstm`` and ``last_action_reward`` as ``ActorCritic``'s; ``init``: torch's default initialisation of
-    each layer, or ``orthogonal_init``'s; ``normalize_input``: the torso standardises its inputs by running
-    statistics (``RunningNorm``, at ``model.torso.obs_norm``) instead of scaling frames by 1/255;
-    ``normalize_value``: as ``ActorCritic``'s."""
-    if init not in ("torch", "orthogonal"):
-        raise ValueError(f"init must be 'torch' or 'orthogonal', got {init!r}")
-    if kind == "shallow":
-        torso: nn.Module = NatureTorso(obs_shape, normalize=normalize_input)
-    elif kind == "deep":
-        torso = ResNetTorso(obs_shape, normalize=normalize_input)
-    elif kind == "mlp":
-        if len(tuple(obs_shape)) != 1:
-            raise ValueError(f"the mlp model takes vector observations, obs_shape (obs_dim,), got {tuple(obs_shape)!r}")
-        torso = MLPTorso(obs_shape[0], normalize=normalize_input)
-    else:
-        raise ValueError(f"kind must be 'shallow', 'deep' or 'mlp', got {kind!r}")
-    model = ActorCritic(
-        torso, num_actions, use_lstm=use_lstm, last_action_reward=last_action_reward, normalize_value=normalize_value
-    )
-    return orthogonal_init(model) if init == "orthogonal" else model
+    """``ModelConfig(...).build(obs_shape, num_actions)``: the Nature CNN (``"shallow"``), the IMPALA
+    ResNet (``"deep"``) or an MLP (``"mlp"``, ``obs_shape = (obs_dim,)``), as ``ModelConfig`` says."""
+    config = ModelConfig(kind, init, use_lstm, last_action_reward, normalize_input, normalize_value)
+    return config.build(obs_shape, num_actions)

@@ -80,7 +80,7 @@ def test_atari_defaults_to_appo_with_rl_games_settings_and_impala_keeps_its_own(
     job = train.resolve(pong, make_plan(pong, cores=2, cpu_bf16=True))
     # a batch of 64 environments on 2 cores (1 actor x 2 workers), 4 epochs, a ring of one batch
     assert (job.plan.num_actors, job.plan.num_workers, job.plan.envs_per_worker) == (1, 2, 32)
-    assert (job.learner.epochs, job.queue_slots, job.normalize_input) == (4, 64, True)
+    assert (job.learner.epochs, job.queue_slots, job.model.normalize_input) == (4, 64, True)
     assert train.resolve(pong, make_plan(pong, cores=16, cpu_bf16=True)).plan.envs_per_worker == 16  # 8 workers
     given = train.parse_args(["--batch-size", "32", "--learning-rate", "1e-3", "--no-normalize-input"])
     assert (given.batch_size, given.learning_rate, given.normalize_input, given.kl_target) == (32, 1e-3, False, 0.01)
@@ -127,7 +127,7 @@ def test_args_are_resolved_once_into_what_the_nodes_need(monkeypatch):
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
     args = train.parse_args(["--env", "CartPole-v1", "--peers", "127.0.0.1:5555", "--min-peers", "2"])
     job = train.resolve(args)
-    assert (job.env.env_id, job.model, job.out) == ("CartPole-v1", "mlp", args.out)
+    assert (job.env.env_id, job.model.kind, job.out) == ("CartPole-v1", "mlp", args.out)
     assert (job.learner.batch_size, job.learner.learning_rate, job.learner.frames_per_step) == (16, 0.003, 1)
     assert job.queue_slots == 4 * args.batch_size  # --queue-slots 0: 4 batches
     assert (job.group.broker, job.group.min_size) == ("127.0.0.1:5555", 2)
@@ -251,7 +251,9 @@ def test_a_run_folder_is_never_overwritten_and_resume_checks_what_it_resumes(tmp
     assert rc == 0 and "raise --total-frames" in text and "wrote" not in text, text + err
     os.remove(os.path.join(out, "config.json"))  # a run from before config.json: the checkpoint itself is checked
     rc, _, err = bench("--env", "Acrobot-v1", *SMALL, "--out", out, "--resume")
-    assert rc == 2 and "checkpoint.pt holds another network than --env Acrobot-v1 --model mlp builds" in err
+    assert (
+        rc == 2 and "checkpoint.pt holds another network than --env Acrobot-v1 --model mlp --init torch builds" in err
+    )
     assert err.count("\n") == 1, err
 
 
@@ -328,7 +330,7 @@ def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
     assert "weights published every 1 update(s)" in summary(pong, train.resolve(pong).plan)
     with pytest.raises(SystemExit):
         train.parse_args(["--publish-seconds", "-1"])
-    assert "--publish-seconds must be >= 0, got -1.0" in capsys.readouterr().err
+    assert "--publish-seconds must be >= 0 (0: every --publish-every updates), got -1.0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -338,7 +340,7 @@ def test_publishing_by_seconds_is_checked_and_shown_in_the_plan(capsys):
         (["--algo", "appo", "--kl-target", "inf"], "--kl-target must be a finite number >= 0 (0: off), got inf"),
         (
             ["--algo", "impala", "--kl-target", "0.01"],
-            "--kl-target 0.01 adapts the learning rate between APPO's minibatch steps",
+            "--kl-target (0.01) adapts the learning rate between APPO's minibatch steps: needs --algo 'appo'",
         ),
     ],
 )
@@ -351,7 +353,7 @@ def test_a_kl_target_is_checked_and_reaches_the_learner(argv, message, capsys):
 
 def test_normalize_input_builds_a_model_with_input_statistics_and_is_refused_with_peers(capsys):
     job = train.resolve(train.parse_args(["--normalize-input"]))
-    assert job.normalize_input and train.build_model(job, (4, 84, 84), 6).torso.obs_norm is not None
+    assert job.model.normalize_input and train.build_model(job, (4, 84, 84), 6).torso.obs_norm is not None
     assert (
         train.build_model(train.resolve(train.parse_args(["--algo", "impala"])), (4, 84, 84), 6).torso.obs_norm is None
     )
@@ -373,10 +375,10 @@ def test_cuda_graph_reaches_the_actors_and_is_refused_without_a_gpu(capsys):
 
 def test_normalize_value_builds_a_model_with_value_statistics_for_appo_only(capsys):
     job = train.resolve(train.parse_args(["--algo", "appo", "--normalize-value"]))
-    assert job.normalize_value and train.build_model(job, (4, 84, 84), 6).value_norm is not None
+    assert job.model.normalize_value and train.build_model(job, (4, 84, 84), 6).value_norm is not None
     with pytest.raises(SystemExit):
         train.parse_args(["--algo", "impala", "--normalize-value"])
-    assert "--normalize-value standardises APPO's value targets: use --algo appo" in capsys.readouterr().err
+    assert "(--normalize-value) needs --algo 'appo', got 'impala'" in capsys.readouterr().err
     assert "normalize_value" in train.IDENTITY
 
 
@@ -422,7 +424,12 @@ def test_the_atari_protocol_is_a_preset_whose_options_win_and_is_named_everywher
     assert train.parse_args(["--env", "ALE/Breakout-v5", "--sticky-actions", "0"]).protocol == "envpool"
     # what the nodes get
     env = train.resolve(sticky).env
-    assert (env.sticky_actions, env.full_action_space, env.noop_max, env.terminal_on_life_loss) == (0.25, True, 0, False)
+    assert (env.sticky_actions, env.full_action_space, env.noop_max, env.terminal_on_life_loss) == (
+        0.25,
+        True,
+        0,
+        False,
+    )
     assert train.resolve(envpool).env.terminal_on_life_loss is True
     # the plan line and config.json
     line = train.summary(sticky, make_plan(sticky))

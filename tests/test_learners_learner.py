@@ -16,7 +16,8 @@ import torch
 from actors.envs.spec import EnvSpec
 from actors.trajectory import trajectory_spec
 from learners import make_model
-from learners.learner import KL_LR_BOUNDS, KL_LR_STEP, Learner, LearnerConfig
+from learners.learner import Learner, LearnerConfig
+from learners.schedule import KL_BOUNDS, KL_STEP
 from shmpad.ringbuf import TypedRing
 from shmpad.weights import WeightStore
 
@@ -93,7 +94,7 @@ def test_update_changes_and_publishes_weights_and_counts_episodes(ring):
 
 
 def test_learning_rate_decays_linearly_to_zero(ring):
-    learner = _learner(ring, learning_rate=1e-3, total_frames=4 * B * T)
+    learner = _learner(ring, learning_rate=1e-3, lr_decay_frames=4 * B * T)
     rates = []
     for i in range(4):
         _fill(ring, B, i)
@@ -104,13 +105,13 @@ def test_learning_rate_decays_linearly_to_zero(ring):
 
 @pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
 def test_checkpoint_resumes_with_identical_state(ring, tmp_path, optimizer):
-    a = _learner(ring, optimizer=optimizer, total_frames=100 * B * T)
+    a = _learner(ring, optimizer=optimizer, lr_decay_frames=100 * B * T)
     for i in range(3):
         _fill(ring, B, i)
         a.step(timeout=5)
     path = str(tmp_path / "checkpoint.pt")
     a.save(path)
-    b = _learner(ring, optimizer=optimizer, total_frames=100 * B * T)
+    b = _learner(ring, optimizer=optimizer, lr_decay_frames=100 * B * T)
     b.load(path)
     assert (b.steps, b.frames) == (a.steps, a.frames)
     _fill(ring, B, 99)
@@ -182,7 +183,7 @@ def test_appo_takes_epochs_times_minibatches_steps_per_batch(ring):
     try:
         torch.manual_seed(0)
         config = LearnerConfig(
-            batch_size=B, algo="appo", epochs=3, minibatches=2, learning_rate=1e-3, total_frames=4 * B * T
+            batch_size=B, algo="appo", epochs=3, minibatches=2, learning_rate=1e-3, lr_decay_frames=4 * B * T
         )
         learner = Learner(make_model("mlp", OBS, A), ring, config, store)
         counting = _CountingAdam(learner.model.parameters(), lr=1e-3)
@@ -263,7 +264,7 @@ def test_appo_minibatches_of_steps_take_epochs_times_minibatches_steps(ring):
 
 
 def test_appo_minibatches_of_steps_are_refused_where_they_cannot_be_made(ring, shm_leak_check):
-    with pytest.raises(ValueError, match=r"a batch's 20 steps \(unroll length 5 x batch_size 4\) must be a multiple"):
+    with pytest.raises(ValueError, match=r"a batch's 20 steps \(unroll_length 5 x batch_size 4\) must be a multiple"):
         _learner(ring, algo="appo", minibatches=3, shuffle="steps")
     model, lstm_ring = _lstm_and_ring()
     try:
@@ -274,28 +275,30 @@ def test_appo_minibatches_of_steps_are_refused_where_they_cannot_be_made(ring, s
 
 
 def test_appo_kl_target_adapts_the_learning_rate_after_every_minibatch_step(ring, tmp_path):
-    # A target far above any step's KL: each of the 2 x 2 steps raises the rate by KL_LR_STEP
-    learner = _learner(ring, algo="appo", epochs=2, minibatches=2, learning_rate=1e-4, kl_target=10.0, total_frames=40)
+    # A target far above any step's KL: each of the 2 x 2 steps raises the rate by KL_STEP
+    learner = _learner(
+        ring, algo="appo", epochs=2, minibatches=2, learning_rate=1e-4, kl_target=10.0, lr_decay_frames=40
+    )
     _fill(ring, B, 0)
     learner.step(timeout=5)
-    assert learner.lr_factor == pytest.approx(KL_LR_STEP**4)
-    assert learner.statistics().learning_rate == pytest.approx(1e-4 * KL_LR_STEP**4)  # no linear decay on top
+    assert learner.schedule.factor == pytest.approx(KL_STEP**4)
+    assert learner.statistics().learning_rate == pytest.approx(1e-4 * KL_STEP**4)  # no linear decay on top
     learner.save(str(tmp_path / "ckpt.pt"))
     resumed = _learner(ring, algo="appo", epochs=2, minibatches=2, learning_rate=5e-4, kl_target=10.0)
     resumed.load(str(tmp_path / "ckpt.pt"))
-    assert resumed.lr_factor == pytest.approx(KL_LR_STEP**4)
-    # the rule itself: down when over twice the target, unchanged between, and within KL_LR_BOUNDS
-    resumed._adapt_learning_rate(20.1)
-    assert resumed.lr_factor == pytest.approx(KL_LR_STEP**3)
-    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 * KL_LR_STEP**3)  # the checkpoint's rate
-    resumed._adapt_learning_rate(10.0)
-    assert resumed.lr_factor == pytest.approx(KL_LR_STEP**3)
+    assert resumed.schedule.factor == pytest.approx(KL_STEP**4)
+    # the rule itself: down when over twice the target, unchanged between, and within KL_BOUNDS
+    resumed.schedule.observe(20.1, 10.0, resumed.optimizer, resumed.base_rate)
+    assert resumed.schedule.factor == pytest.approx(KL_STEP**3)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 * KL_STEP**3)  # the checkpoint's rate
+    resumed.schedule.observe(10.0, 10.0, resumed.optimizer, resumed.base_rate)
+    assert resumed.schedule.factor == pytest.approx(KL_STEP**3)
     for _ in range(100):
-        resumed._adapt_learning_rate(0.0)
-    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_LR_BOUNDS[1])
+        resumed.schedule.observe(0.0, 10.0, resumed.optimizer, resumed.base_rate)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_BOUNDS[1])
     for _ in range(100):
-        resumed._adapt_learning_rate(1e9)
-    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_LR_BOUNDS[0])
+        resumed.schedule.observe(1e9, 10.0, resumed.optimizer, resumed.base_rate)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(KL_BOUNDS[0])
 
 
 @pytest.mark.parametrize("algo", ["impala", "appo"])
@@ -325,6 +328,29 @@ def test_a_models_input_statistics_follow_every_batch_and_are_published(ring, al
         store.close()
 
 
+def test_a_checkpoint_keeps_the_adapted_rate_but_not_the_decay_horizon(ring, tmp_path):
+    # the adapted factor is the scheduler's state, so a checkpoint (and a group's sync) carries it
+    learner = _learner(ring, algo="appo", epochs=1, minibatches=1, learning_rate=1e-4, kl_target=10.0)
+    learner.schedule.factor = 2.25
+    state = learner.state_dict()
+    assert state["scheduler"]["lr_lambdas"] == [{"factor": 2.25}]
+    # a checkpoint from before learners.schedule kept the factor beside the scheduler
+    state["scheduler"]["lr_lambdas"], state["lr_factor"] = [None], 3.375
+    old = _learner(ring, algo="appo", epochs=1, minibatches=1, learning_rate=1e-4, kl_target=10.0)
+    old.load_state_dict(state)
+    assert old.schedule.factor == 3.375
+    # the linear decay's horizon is the resumed run's setting, not the checkpoint's
+    short = _learner(ring, learning_rate=1e-3, lr_decay_frames=2 * B * T)
+    _fill(ring, B, 0)
+    short.step(timeout=5)
+    short.save(str(tmp_path / "ckpt.pt"))
+    longer = _learner(ring, learning_rate=1e-3, lr_decay_frames=4 * B * T)
+    longer.load(str(tmp_path / "ckpt.pt"))
+    _fill(ring, B, 1)
+    longer.step(timeout=5)
+    assert longer.statistics().learning_rate == pytest.approx(1e-3 * (1 - 2 / 4))
+
+
 def test_appo_with_standardised_values_runs_v_trace_in_returns_units_and_learns_the_standardised_targets(ring):
     torch.manual_seed(0)
     model = make_model("mlp", OBS, A, normalize_value=True)
@@ -342,7 +368,7 @@ def test_appo_with_standardised_values_runs_v_trace_in_returns_units_and_learns_
             math.sqrt(8 / 3 + 1e-5)
         )  # the plain model's values are the other's, in returns' units
         plain.baseline.bias.mul_(math.sqrt(8 / 3 + 1e-5)).add_(5.0)
-    got, want = normed._appo_targets(batch), reference._appo_targets(batch)
+    got, want = normed.appo.targets(batch), reference.appo.targets(batch)
     torch.testing.assert_close(got["advantages"], want["advantages"])
     norm = model.value_norm
     assert int(norm.count) == 3 + T * B  # the batch's targets joined the statistics

@@ -133,7 +133,7 @@ def _pixel_batch(seed: int) -> dict[str, torch.Tensor]:
 
 
 def _grads(learner: Learner, batch) -> torch.Tensor:
-    learner._compute_loss(batch)
+    learner.compute_loss(batch)
     return torch.cat([p.grad.flatten() for p in learner.model.parameters()])
 
 
@@ -155,7 +155,7 @@ def test_compiled_loss_matches_eager(ring):
     batch = _pixel_batch(1)
     eager = _learner(ring, model="shallow", obs=(4, 84, 84))
     compiled = _learner(ring, model="shallow", obs=(4, 84, 84), compile=True)
-    a, b = eager._compute_loss(batch), compiled._compute_loss(batch)
+    a, b = eager.compute_loss(batch), compiled.compute_loss(batch)
     assert compiled.compiled, "torch.compile fell back to eager"
     torch.testing.assert_close(b.total, a.total, rtol=1e-4, atol=1e-5)
     ga = torch.cat([p.grad.flatten() for p in eager.model.parameters()])
@@ -196,9 +196,8 @@ def _job(**kw):
     """What ``train.actor_bf16`` and ``train.actor_policy`` read of a ``train.Job``, with the plan of ``_args(**kw)``."""
     args = _args(**kw)
     plan = make_plan(args, cores=2, cpu_bf16=False)
-    return types.SimpleNamespace(
-        plan=plan, device=args.device, use_lstm=args.use_lstm, last_action_reward=args.last_action_reward
-    )
+    model = types.SimpleNamespace(use_lstm=args.use_lstm, last_action_reward=args.last_action_reward)
+    return types.SimpleNamespace(plan=plan, device=args.device, model=model)
 
 
 @pytest.mark.parametrize(

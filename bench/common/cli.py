@@ -26,12 +26,16 @@ def parser_for(
     choices: Mapping[str, Sequence[str]] | None = None,
     epilog: str | None = None,
     negatable: Sequence[str] = (),
+    defaults: Mapping[str, object] | None = None,
 ) -> argparse.ArgumentParser:
     """A parser with ``--field-name`` for every field of the dataclass ``cls``: a flag for
-    a bool, else a value of the field's type (int, float or str) defaulting to the field's.
-    ``groups`` maps a heading to the fields listed under it in ``--help`` (the others
-    come under "options"); ``choices`` gives the values a field accepts; a bool field named in
-    ``negatable`` (one that a default may turn on) also gets ``--no-field-name``."""
+    a bool, else a value of the field's type (int, float or str) defaulting to the field's,
+    or to its value in ``defaults`` (which ``--help`` then shows). ``groups`` maps a heading
+    to the fields listed under it in ``--help`` (the others come under "options"); ``choices``
+    gives the values a field accepts; a bool field named in ``negatable`` (one that a default
+    may turn on), or on in ``defaults``, also gets ``--no-field-name``. A bool the command line
+    leaves out is left out of the parsed namespace: ``cls(**{**defaults, **vars(namespace)})``
+    is the command line's instance."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -45,20 +49,23 @@ def parser_for(
     for title, names in (groups or {}).items():
         group = parser.add_argument_group(title)
         homes.update(dict.fromkeys(names, group))
+    defaults = dict(defaults or {})
     for f in fields.values():
         flag = "--" + f.name.replace("_", "-")
         home = homes.get(f.name, parser)
-        if f.type in ("bool", bool) and f.name in negatable:
-            # unset, the attribute is left out and the dataclass field keeps its default
-            home.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=docs[f.name])
+        default = defaults.get(f.name, f.default)
+        if f.type in ("bool", bool) and (f.name in negatable or default is True):
+            # unset, the attribute is left out and the dataclass field (or ``defaults``) gives it
+            help_ = f"{docs[f.name]} [{'on' if default else 'off'}]"
+            home.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_)
         elif f.type in ("bool", bool):
-            home.add_argument(flag, action="store_true", help=docs[f.name])
+            home.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=docs[f.name])
         elif f.name in choices:
-            home.add_argument(flag, choices=choices[f.name], default=f.default, help=f"{docs[f.name]} [{f.default}]")
+            home.add_argument(flag, choices=choices[f.name], default=default, help=f"{docs[f.name]} [{default}]")
         else:
             kind = {"int": int, "float": float}.get(f.type, str)
-            metavar = str(f.default) if f.default != "" else f.name.upper()
-            home.add_argument(flag, type=kind, default=f.default, metavar=metavar, help=docs[f.name])
+            metavar = str(default) if default != "" else f.name.upper()
+            home.add_argument(flag, type=kind, default=default, metavar=metavar, help=docs[f.name])
     return parser
 
 

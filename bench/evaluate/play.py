@@ -33,7 +33,7 @@ from actors.envs.protocol import protocol_of
 from actors.envs.spec import seed_sequence
 from actors.inference import sample_actions
 from bench.impala import rundir
-from learners import make_model
+from learners import ModelConfig
 
 __all__ = ["EvalResult", "load_run", "play", "main"]
 
@@ -73,15 +73,7 @@ def load_run(folder: str) -> tuple[dict[str, Any], EnvConfig, torch.nn.Module, i
         reward_clip=None,
     )
     spec = env.spec()
-    model = make_model(
-        config["model"],
-        spec.obs_shape,
-        spec.num_actions,
-        use_lstm=bool(config.get("use_lstm")),
-        last_action_reward=bool(config.get("last_action_reward")),
-        normalize_input=bool(config.get("normalize_input")),
-        normalize_value=bool(config.get("normalize_value")),
-    )
+    model = ModelConfig.from_record(config).build(spec.obs_shape, spec.num_actions)
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
     return config, env, model.eval(), state.get("frames")

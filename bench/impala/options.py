@@ -1,24 +1,31 @@
-"""The main job's options: ``Args``, one field per command-line option with its help
-under it, and ``parse_args``, the command line with the env family's defaults
-(``bench/impala/plan.py``) filling in what it leaves out, checked before anything starts.
-``bench/impala/train.py`` turns them into the ``Job`` its nodes get."""
+"""The main job's options: ``Args``, one field per command-line option with its help under
+it, its values those of the default command (Pong, APPO, the envpool protocol); and
+``parse_args``, which reads ``--env``, ``--algo``, ``--protocol`` and ``--peers`` first, makes
+the defaults of that job (``bench/impala/defaults.py``) the parser's, so that ``--help`` shows
+what will run, then parses the command line and checks it before anything starts. The rules
+are the configs' own (``bench/impala/job.py`` builds them): their errors come back as parser
+errors naming the flags."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import math
+import re
+import sys
 from dataclasses import dataclass
 
 import shmpad as lp
 from actors.envs.protocol import PROTOCOLS, protocol_of
 from bench.common.cli import explicit_options, parser_for
 from bench.impala import rundir
-from bench.impala.plan import defaults_for, env_family, switched_on
+from bench.impala.defaults import algo_for, defaults_for, switched_on
+from bench.impala.job import configs
+from bench.impala.plan import env_family
 from bench.impala.usage import CHOICES, EXAMPLES, HELP_GROUPS
 from shmpad.net.auth import load_token
 from shmpad.net.wire import parse_address
 
-__all__ = ["Args", "UsageError", "parse_args", "DESCRIPTION"]
+__all__ = ["Args", "DESCRIPTION", "UsageError", "as_flags", "make_parser", "parse_args"]
 
 DESCRIPTION = "APPO or IMPALA (V-trace) on Atari with shmpad: the project's main job."
 """the first line of ``--help``"""
@@ -44,15 +51,15 @@ class Args:
     """shallow (Nature CNN), deep (IMPALA ResNet) or mlp (vector observations)"""
     use_lstm: bool = False
     """an LSTM core after the torso; each unroll carries the core state it started from"""
-    init: str = "torch"
+    init: str = "orthogonal"
     """the network's initial weights: torch (each layer's default) or orthogonal (PPO's: gain sqrt(2), policy head 0.01, baseline head 1)"""
     last_action_reward: bool = False
     """feed the core/heads the previous action (one-hot) and the clipped reward, as torchbeast's and moolib's Atari nets do"""
     total_frames: int = 200_000
     """stop after this many environment frames (frame skip counted)"""
-    unroll_length: int = 20
+    unroll_length: int = 128
     """T: steps per unroll"""
-    batch_size: int = 32
+    batch_size: int = 64
     """B: unrolls per learner update"""
     num_actors: int = 0
     """actor nodes, each with its own env workers and batched inference (0: from the plan)"""
@@ -64,43 +71,43 @@ class Args:
     """the optimiser"""
     adam_eps: float = 1e-8
     """Adam's epsilon (torch's default; PPO's Atari runs use 1e-5)"""
-    learning_rate: float = 6e-4
-    """initial learning rate, decayed linearly to 0 over --lr-decay-frames"""
+    learning_rate: float = 3e-4
+    """initial learning rate, adapted to --kl-target or else decayed linearly to 0 over --lr-decay-frames"""
     lr_decay_frames: int = 0
     """frames over which the learning rate decays linearly to 0 (0: --total-frames); moolib's Atari configuration decays over 200M frames whatever it stops at"""
-    entropy_cost: float = 6e-4
+    entropy_cost: float = 0.01
     """weight of the entropy bonus"""
-    baseline_cost: float = 0.5
+    baseline_cost: float = 2.0
     """weight of the baseline loss"""
     discount: float = 0.99
     """gamma"""
     reward_clip: float = 1.0
     """clip rewards to [-c, c] for the learner (0: no clipping)"""
-    grad_norm_clip: float = 40.0
+    grad_norm_clip: float = 1.0
     """clip the gradient norm (0: no clipping)"""
     reduction: str = "mean"
     """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
-    algo: str = "impala"
-    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs). Atari's default is appo with rl_games' Pong settings (unrolls of 128, batches of 64, 4 minibatches, learning rate 3e-4 with --kl-target 0.01, clip 0.2, --normalize-input; all in bench/impala/plan.py), impala with --peers; elsewhere impala, and appo's own defaults are learning rate 2.5e-4, entropy cost 0.01, gradient norm clip 0.5, V-trace lambda 0.95"""
-    epochs: int = 0
-    """appo: passes over each batch (0: from the plan)"""
-    minibatches: int = 2
+    algo: str = "appo"
+    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs); each env family has its own (Atari: appo, impala with --peers; others: impala), and with it its defaults (bench/impala/defaults.py)"""
+    epochs: int = 4
+    """appo: passes over each batch"""
+    minibatches: int = 4
     """appo: minibatches per pass (with --shuffle unrolls, --batch-size must be a multiple)"""
     shuffle: str = "unrolls"
     """appo: a minibatch is whole unrolls, or single steps drawn from across the batch as PPO does (feed-forward models only)"""
-    clip: float = 0.1
+    clip: float = 0.2
     """appo: PPO's epsilon, how far one batch's steps may move an action's probability ratio"""
     value_clip: float = 0.0
     """appo: how far one batch's steps may move the baseline before its loss stops pulling (0: no clipping)"""
-    kl_target: float = 0.0
+    kl_target: float = 0.01
     """appo: adapt the learning rate after every minibatch step, x1.5 when the step's KL was under half of this and /1.5 when over twice this, instead of --lr-decay-frames (rl_games' adaptive schedule; 0: off)"""
-    vtrace_lambda: float = 1.0
+    vtrace_lambda: float = 0.95
     """V-trace's lambda (1: IMPALA's; appo: 0.95, PPO's GAE lambda)"""
     full_action_space: bool = False
     """Atari: all 18 actions instead of the game's minimal set"""
     normalize_value: bool = False
     """appo: the baseline predicts values standardised by running statistics of the value targets, which the learner updates from each batch (rl_games' normalize_value)"""
-    normalize_input: bool = False
+    normalize_input: bool = True
     """standardise every input element (pixel) by running statistics that the learner updates from each batch, instead of scaling frames by 1/255 (rl_games' normalize_input)"""
     queue_slots: int = 0
     """trajectory ring slots (0: 4 batches for impala, 1 for appo)"""
@@ -157,6 +164,27 @@ class Args:
 PROTOCOL_OPTIONS = {"protocol", *PROTOCOLS["envpool"].fields()}
 """the options that set the Atari protocol (``actors/envs/protocol.py``)"""
 
+CONFIG_WORDS = {
+    "kind": "model",
+    **{w: w for w in ("algo", "clip", "discount", "epochs", "minibatches", "optimizer", "shuffle")},
+}
+"""the names in a config's messages that are options though they have no underscore (most
+options' names do; English words like "group" or "model" stay words), and a ModelConfig's
+``kind``, which is ``--model``"""
+
+
+def as_flags(message: str) -> str:
+    """A config's error message with every ``Args`` field it names as the option that sets it:
+    ``batch_size (64) must be a multiple of minibatches (3)`` -> ``--batch-size (64) ...``."""
+    names = {f.name: f.name for f in dataclasses.fields(Args) if "_" in f.name} | CONFIG_WORDS
+
+    def flag(match: re.Match) -> str:
+        word = match.group(0)
+        return f"--{names[word].replace('_', '-')}" if word in names else word
+
+    return re.sub(r"(?<![-'\w])[a-z][a-z0-9_]*(?![\w'])", flag, message)
+
+
 LOCKSTEP = {"num_actors": 1, "publish_every": 1, "publish_seconds": 0.0}
 """what --lockstep needs: one actor (the order of several would be the scheduler's), and every update published"""
 
@@ -179,94 +207,61 @@ def _lockstep(args: Args, given: set[str], parser) -> Args:
     return dataclasses.replace(args, **LOCKSTEP)
 
 
-def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
-    """The job's settings as the command line gives them, the env family's defaults
-    (``bench/impala/plan.py``) filling in what it leaves out, checked. ``defaults``: a
-    benchmark's own values for options the command line leaves out, before the family's
-    (``bench.impala.throughput``'s short run)."""
-    parser = parser_for(
-        Args, prog, DESCRIPTION, HELP_GROUPS, CHOICES, EXAMPLES, switched_on() | {"episodic_life", "full_action_space"}
-    )
-    args = Args(**vars(parser.parse_args(argv)))
+def make_parser(
+    argv: list[str], prog: str = "python -m bench.impala", defaults=None
+) -> tuple[argparse.ArgumentParser, dict, str]:
+    """The parser for the job that ``argv``'s ``--env``, ``--algo``, ``--protocol`` and
+    ``--peers`` name, with that job's defaults (``bench/impala/defaults.py``, then a benchmark's
+    own ``defaults``) as its own; and those defaults, and the env family."""
+    first = argparse.ArgumentParser(add_help=False)
+    for name in ("env", "algo", "protocol", "peers"):
+        first.add_argument(f"--{name}", default=getattr(Args, name) if name in ("env", "protocol") else None)
+    known, _ = first.parse_known_args(argv)
     try:
-        family = env_family(args.env)
+        family = env_family(known.env)
     except ValueError as e:
         raise UsageError(f"--env: {e}") from None
+    algo = algo_for(family, known.algo, peers=bool(known.peers))
+    table = {"env": known.env, **defaults_for(family, algo, known.protocol), **(defaults or {})}
+    return parser_for(Args, prog, DESCRIPTION, HELP_GROUPS, CHOICES, EXAMPLES, switched_on(), table), table, family
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
+    """The job's settings: the defaults of the job that ``--env``, ``--algo``, ``--protocol``
+    and ``--peers`` name (``bench/impala/defaults.py``) under what the command line gives,
+    checked. ``defaults``: a benchmark's own values for options the command line leaves out,
+    over the table's (``bench.impala.throughput``'s short run)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, table, family = make_parser(argv, prog, defaults)
+    args = Args(**{**table, **vars(parser.parse_args(argv))})
     given = explicit_options(parser, argv)
-    mine = {k: v for k, v in (defaults or {}).items() if k not in given}
-    args = dataclasses.replace(args, **mine)
-    given |= set(mine)
-    # the env family's algorithm, then its defaults, under what the command line gave
-    family_defaults = defaults_for(family, args.algo if "algo" in given else None, peers=bool(args.peers))
-    args = dataclasses.replace(args, **{k: v for k, v in family_defaults.items() if k not in given})
+    if family != "atari" and given & PROTOCOL_OPTIONS - {"reward_clip"}:
+        names = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(given & PROTOCOL_OPTIONS - {"reward_clip"}))
+        parser.error(f"{names}: Atari settings, and {args.env} is not an Atari game")
     if family == "atari":
-        preset = PROTOCOLS[args.protocol].fields()
-        args = dataclasses.replace(args, **{k: v for k, v in preset.items() if k not in given})
         protocol = protocol_of(args)
         try:
             protocol.check()
         except ValueError as e:
-            parser.error(f"--{str(e).replace('_', '-')}")
+            parser.error(as_flags(str(e)))
         args = dataclasses.replace(args, protocol=protocol.name)  # "custom" where an option changed a preset's
-    elif given & (PROTOCOL_OPTIONS - {"reward_clip"}):
-        names = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(given & (PROTOCOL_OPTIONS - {"reward_clip"})))
-        parser.error(f"{names}: Atari settings, and {args.env} is not an Atari game")
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
-    for name, n in dict(
-        num_actors=0,
-        num_workers=0,
-        envs_per_worker=0,
-        learner_threads=0,
-        publish_every=1,
-        publish_seconds=0,
-        epochs=0,
-        minibatches=1,
-        clip=0,
-        value_clip=0,
-        vtrace_lambda=0,
-    ).items():
-        if not getattr(args, name) >= n:
-            parser.error(f"--{name.replace('_', '-')} must be >= {n}, got {getattr(args, name)}")
-    if not args.adam_eps > 0:
-        parser.error(f"--adam-eps must be > 0, got {args.adam_eps}")
+    for name in ("num_actors", "num_workers", "envs_per_worker", "learner_threads"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0 (0: from the plan), got {getattr(args, name)}")
     if args.cuda_graph == "on" and not args.device.startswith("cuda"):
         parser.error(
             f"--cuda-graph on replays the actors' forward pass on a GPU: give --device cuda, got {args.device}"
         )
-    if not (math.isfinite(args.kl_target) and args.kl_target >= 0):
-        parser.error(f"--kl-target must be a finite number >= 0 (0: off), got {args.kl_target}")
-    if args.kl_target and args.algo != "appo":
-        parser.error(
-            f"--kl-target {args.kl_target} adapts the learning rate between APPO's minibatch steps: use --algo appo"
-        )
-    if args.vtrace_lambda > 1:
-        parser.error(f"--vtrace-lambda must be in [0, 1], got {args.vtrace_lambda}")
-    if args.algo == "appo" and args.shuffle == "steps":
-        if args.use_lstm:
-            parser.error(
-                "--shuffle steps makes minibatches of single steps; an LSTM core needs whole unrolls: use --shuffle unrolls"
-            )
-        if (args.unroll_length * args.batch_size) % args.minibatches:
-            parser.error(
-                f"--shuffle steps: a batch's {args.unroll_length * args.batch_size} steps (--unroll-length "
-                f"{args.unroll_length} x --batch-size {args.batch_size}) must be a multiple of --minibatches ({args.minibatches})"
-            )
-    elif args.algo == "appo" and args.batch_size % args.minibatches:
-        parser.error(
-            f"--batch-size ({args.batch_size}) must be a multiple of --minibatches ({args.minibatches}): "
-            "a minibatch is a whole number of unrolls"
-        )
-    if args.algo == "appo" and args.peers:
-        parser.error("--algo appo takes several steps per batch; a group (--peers) averages one per batch: use impala")
-    if args.normalize_value and args.algo != "appo":
-        parser.error("--normalize-value standardises APPO's value targets: use --algo appo")
-    if args.normalize_input and args.peers:
-        parser.error("--normalize-input keeps input statistics per learner; a group's learners (--peers) would differ")
     if args.lockstep:
         args = _lockstep(args, given, parser)
     if args.min_peers < 1:
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
+    try:
+        configs(args)
+    except (TypeError, ValueError) as e:
+        parser.error(as_flags(str(e)))
     if args.peers:
         try:
             if args.peers != "env://":  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (shmpad.net.envcluster)

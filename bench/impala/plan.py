@@ -1,10 +1,9 @@
 """How bench.impala fills the machine: from the cores this process may run on (its
 affinity, not the machine's count) and the device, how many actors, env workers,
-environments per worker and learner threads to run, and whether the learner runs
-compiled and in bf16; and the defaults per algorithm and env family (``ALGO_DEFAULTS``,
-``FAMILY_DEFAULTS``, ``FAMILY_ALGO_DEFAULTS``; ``defaults_for`` puts them together), the only
-defaults besides ``Args``' own fields. Every option the user gave wins; the job prints the
-plan as one line before it starts.
+environments per worker and learner threads to run, whether the learner runs compiled and
+in bf16, and whether it is pinned. The plan sizes the machine only; the algorithm's settings
+are ``bench/impala/defaults.py``'s. Every option the user gave wins; the job prints the plan
+as one line before it starts.
 
 The rules, and the measurements behind them (this repository's 2-core CPU machine,
 torch 2.13; ``bench.impala.learner_cost``, run by ``python -m bench.impala.throughput``,
@@ -67,20 +66,7 @@ from typing import Any
 
 from actors import EnvConfig
 
-__all__ = [
-    "ALGO_DEFAULTS",
-    "FAMILY_ALGO_DEFAULTS",
-    "FAMILY_DEFAULTS",
-    "Plan",
-    "QUEUE_BATCHES",
-    "cpu_has_bf16",
-    "defaults_for",
-    "env_family",
-    "make_plan",
-    "pinned_cpus",
-    "switched_on",
-    "usable_cores",
-]
+__all__ = ["Plan", "QUEUE_BATCHES", "cpu_has_bf16", "env_family", "make_plan", "pinned_cpus", "usable_cores"]
 
 AUTO = "auto"
 PIN_BY_DEFAULT = True
@@ -97,97 +83,12 @@ MLP_ENVS_PER_WORKER = 32
 --rounds 3`` measures it against 16; no kept figure yet, see docs/benchmarks.md"""
 
 
-APPO_EPOCHS = 4
-"""APPO's passes over each batch, on a CPU and on a GPU. On the CPU the learner is the
-bottleneck, so every epoch costs frames/s, but frames to a score are what count: every APPO
-Pong run kept in docs/results had 4 (pong-rl-games-cpu: +18 at 3.41M frames in 55 minutes on
-one core), and fewer are not measured per frame. On a GPU the learner waited 68-69% of the time
-for data under IMPALA (docs/results/h100-topology): reuse takes that idle time."""
-
 QUEUE_BATCHES = {"impala": 4, "appo": 1}
 """Batches the trajectory ring holds per algorithm, unless --queue-slots says otherwise.
 IMPALA's 4 let the actors run ahead of a learner that steps once per batch. APPO's learner
 frees a batch's slots before its update, so the actors fill the next batch during it; a longer
 ring would only feed APPO's 16 steps per batch staler unrolls. The Pong runs of
 docs/results/pong-rl-games-cpu had one batch: a policy lag of 2 updates in their log.csv."""
-
-ALGO_DEFAULTS = {
-    # PPO's Atari settings (Schulman et al. 2017, table 5; OpenAI baselines' ppo2 atari()): learning rate
-    # 2.5e-4, entropy 0.01, GAE lambda 0.95 (here V-trace's lambda), gradient norm 0.5
-    "appo": dict(learning_rate=2.5e-4, entropy_cost=0.01, grad_norm_clip=0.5, vtrace_lambda=0.95),
-}
-"""Defaults per --algo where Args' own (IMPALA's) do not fit; a family's defaults and the
-options given on the command line win over them."""
-
-FAMILY_DEFAULTS = {
-    # APPO with rl_games' Pong settings learns per frame where IMPALA's did not: +18 at 3.41M frames and
-    # +20 at 4.00M (docs/results/pong-rl-games-cpu), against -20.7 at 4M for the IMPALA job. A group
-    # (--peers) averages one step per batch, so with --peers the Atari job stays IMPALA.
-    "atari": dict(algo="appo"),
-    # The settings tests/test_bench_impala.py's CartPole run learns with (its actors use 16 envs per worker).
-    "classic_control": dict(
-        model="mlp",
-        total_frames=750_000,
-        learning_rate=0.003,
-        discount=0.98,
-        entropy_cost=0.01,
-        batch_size=16,
-        # The MLP's update is short, so publishing after every one costs the learner fed from the ring
-        # a share of its rate; publishing every 10 ms keeps the policy lag low all the same.
-        # `python -m bench.impala.throughput --env CartPole-v1 --publish-seconds 0` against
-        # `--publish-seconds 0.01` (its learner subjects, bench.impala.learner_cost) measures the rate;
-        # no kept figure yet, see docs/benchmarks.md.
-        publish_seconds=0.01,
-    ),
-}
-"""Defaults per env family where Args' own (IMPALA's Atari settings) do not fit; options
-given on the command line win."""
-
-FAMILY_ALGO_DEFAULTS = {
-    # rl_games' PPO on Pong (the EnvPool demo notebook, docs/results/pong-reference): 64 environments x 128
-    # steps, 4 epochs of 4 minibatches, learning rate 3e-4 adapted to a KL of 0.01 per step, clip 0.2, no
-    # value clipping, GAE lambda 0.95 (here V-trace's), critic weight 2, gradient norm 1, PPO's orthogonal
-    # weights and standardised pixels. Without --normalize-input the same run did not learn (-20.4 at 1.93M
-    # frames: the KL stayed low and the adaptive rate sat at its cap), docs/results/pong-rl-games-cpu.
-    ("atari", "appo"): dict(
-        unroll_length=128,
-        batch_size=64,
-        minibatches=4,
-        learning_rate=3e-4,
-        kl_target=0.01,
-        entropy_cost=0.01,
-        clip=0.2,
-        value_clip=0.0,
-        vtrace_lambda=0.95,
-        grad_norm_clip=1.0,
-        baseline_cost=2.0,
-        init="orthogonal",
-        normalize_input=True,
-    ),
-}
-"""Defaults for one algorithm in one env family, over both of the above; options given on
-the command line win."""
-
-
-def switched_on() -> set[str]:
-    """The options some default above turns on: each gets a ``--no-`` form to turn it off."""
-    tables = (ALGO_DEFAULTS, FAMILY_DEFAULTS, FAMILY_ALGO_DEFAULTS)
-    return {name for table in tables for values in table.values() for name, v in values.items() if v is True}
-
-
-def defaults_for(family: str, algo: str | None, peers: bool = False) -> dict[str, Any]:
-    """The defaults of a job in ``family``: its algorithm (``algo`` where given, else the
-    family's, IMPALA with ``peers``), then that algorithm's defaults, the family's and the
-    two together's, each over the one before."""
-    family_defaults = dict(FAMILY_DEFAULTS.get(family, {}))
-    family_algo = family_defaults.pop("algo", "impala")
-    algo = algo or ("impala" if peers else family_algo)
-    return {
-        "algo": algo,
-        **ALGO_DEFAULTS.get(algo, {}),
-        **family_defaults,
-        **FAMILY_ALGO_DEFAULTS.get((family, algo), {}),
-    }
 
 
 def env_family(env_id: str) -> str:
@@ -233,8 +134,6 @@ class Plan:
     compile: bool
     bf16: bool
     pin: bool
-    epochs: int = 1
-    """APPO's passes over each batch (1 for IMPALA)"""
 
 
 def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None) -> Plan:
@@ -266,8 +165,7 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
     bf16 = _switch(args.bf16, "bf16", conv and (cuda or cpu_bf16))
     pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and cores >= 2)
-    epochs = (getattr(args, "epochs", 0) or APPO_EPOCHS) if appo else 1
-    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin, epochs)
+    return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
 
 
 def pinned_cpus(plan: Plan) -> tuple[list[int], list[int]] | None:

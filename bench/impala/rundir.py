@@ -109,7 +109,6 @@ def run_config(options: Mapping[str, Any], plan: Any) -> dict[str, Any]:
         "compile": "on" if plan.compile else "off",
         "bf16": "on" if plan.bf16 else "off",
         "pin": "on" if plan.pin else "off",
-        "epochs": plan.epochs,
     }
 
 

@@ -36,185 +36,32 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 import shmpad as lp
-from actors import BatchedInference, EnvConfig, EnvPool, RolloutWriter, frames_per_step, trajectory_spec
+from actors import BatchedInference, EnvPool, RolloutWriter, trajectory_spec
 from bench.impala import rundir
+from bench.impala.job import Job, PeerGroup, resolve
 from bench.impala.options import Args, UsageError, parse_args
-from bench.impala.plan import QUEUE_BATCHES, Plan, make_plan, pinned_cpus
+from bench.impala.plan import Plan, pinned_cpus
 from bench.impala.progress import RunLog, actor_counters, actor_totals, last_seconds, plot, progress, progress_line
 from bench.impala.tensorboard import TensorBoardLog
 from bench.impala.usage import advice, summary
-from learners import Learner, LearnerConfig, make_model
+from learners import Learner
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
 
-__all__ = ["Args", "UsageError", "parse_args", "resolve", "Job", "main"]
+__all__ = ["Args", "Job", "PeerGroup", "UsageError", "main", "parse_args", "resolve"]
 
 
-# -- Args resolved once: what the nodes need ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class PeerGroup:
-    """--peers: the broker group this host's learner trains with."""
-
-    broker: str
-    """--peers: HOST:PORT of the broker, or env://"""
-    name: str
-    """--group"""
-    host: str
-    """--peer-host: where this learner listens for the others"""
-    token_file: str
-    """--token-file ("": $SHMPAD_TOKEN)"""
-    virtual_batch_size: int
-    """--virtual-batch-size"""
-    min_size: int
-    """--min-peers"""
-    backend: str
-    """--backend: what moves the gradients"""
-
-
-@dataclass(frozen=True)
-class Job:
-    """``Args`` resolved once (``resolve``), before launch: the values the nodes need,
-    pickled into every node and never changed there."""
-
-    env: EnvConfig
-    """the environment every actor steps"""
-    learner: LearnerConfig
-    """the loss, the optimiser, the learning-rate schedule and how often weights are published"""
-    plan: Plan
-    """actors x env workers x environments, learner threads, compiled, bf16, pinned"""
-    out: str
-    """the run folder: config.json, log.csv, episodes.csv, curve.png, checkpoint.pt"""
-    model: str
-    """the network: shallow, deep or mlp"""
-    init: str
-    """its initial weights: torch or orthogonal"""
-    use_lstm: bool
-    """an LSTM core after the torso"""
-    last_action_reward: bool
-    """the core and heads also see the previous action and the clipped reward"""
-    normalize_input: bool
-    """the torso standardises its inputs by running statistics"""
-    normalize_value: bool
-    """the baseline predicts standardised values"""
-    seed: int
-    """seeds every environment and the networks"""
-    device: str
-    """where inference and the learner run"""
-    cuda_graph: bool
-    """the actors replay their forward pass from a CUDA graph"""
-    unroll_length: int
-    """T: steps per unroll"""
-    queue_slots: int
-    """trajectory ring slots (--queue-slots, or 4 batches for IMPALA and 1 for APPO)"""
-    total_frames: int
-    """the learner stops after this many environment frames"""
-    log_interval: float
-    """seconds between progress lines"""
-    checkpoint_minutes: float
-    """minutes between checkpoints"""
-    resume: bool
-    """continue the run in ``out`` from its checkpoint"""
-    tensorboard: bool
-    """also write TensorBoard scalars into ``out``/tensorboard"""
-    group: PeerGroup | None
-    """the group this learner averages gradients with; None without --peers"""
-    lockstep: bool
-    """the one actor waits for the learner's update of each batch it wrote (``wait_for_learner``)"""
-
-
-def resolve(args: Args, plan: Plan | None = None) -> Job:
-    """What the nodes need from ``args``; ``plan`` defaults to ``make_plan(args)`` for this machine."""
-    plan = make_plan(args) if plan is None else plan
-    env = EnvConfig(
-        args.env,
-        full_action_space=args.full_action_space,
-        sticky_actions=args.sticky_actions,
-        noop_max=args.noop_max,
-        terminal_on_life_loss=args.episodic_life,
-        reward_clip=None,  # the learner clips; episode returns stay true either way
-    )
-    learner = LearnerConfig(
-        batch_size=args.batch_size,
-        discount=args.discount,
-        reward_clip=args.reward_clip or None,
-        baseline_cost=args.baseline_cost,
-        entropy_cost=args.entropy_cost,
-        grad_norm_clip=args.grad_norm_clip or None,
-        optimizer=args.optimizer,
-        learning_rate=args.learning_rate,
-        adam_eps=args.adam_eps,
-        reduction=args.reduction,
-        algo=args.algo,
-        epochs=plan.epochs,
-        minibatches=args.minibatches if args.algo == "appo" else 1,
-        shuffle=args.shuffle,
-        clip=args.clip,
-        value_clip=args.value_clip or None,
-        vtrace_lambda=args.vtrace_lambda,
-        kl_target=args.kl_target,
-        total_frames=args.lr_decay_frames or args.total_frames,
-        frames_per_step=frames_per_step(env),
-        publish_every=args.publish_every,
-        publish_seconds=args.publish_seconds,
-        compile=plan.compile,
-        bf16=plan.bf16,
-    )
-    group = None
-    if args.peers:
-        group = PeerGroup(
-            args.peers,
-            args.group,
-            args.peer_host,
-            args.token_file,
-            args.virtual_batch_size,
-            args.min_peers,
-            args.backend,
-        )
-    return Job(
-        env=env,
-        learner=learner,
-        plan=plan,
-        out=args.out,
-        model=args.model,
-        init=args.init,
-        use_lstm=args.use_lstm,
-        last_action_reward=args.last_action_reward,
-        normalize_input=args.normalize_input,
-        normalize_value=args.normalize_value,
-        seed=args.seed,
-        device=args.device,
-        cuda_graph=args.cuda_graph == "on",
-        unroll_length=args.unroll_length,
-        queue_slots=args.queue_slots or QUEUE_BATCHES[args.algo] * args.batch_size,
-        total_frames=args.total_frames,
-        log_interval=args.log_interval,
-        checkpoint_minutes=args.checkpoint_minutes,
-        resume=args.resume,
-        tensorboard=args.tensorboard,
-        group=group,
-        lockstep=args.lockstep,
-    )
+# -- what every node builds ------------------------------------------------------------
 
 
 def build_model(job: Job, obs_shape, num_actions: int):
+    """The job's network, seeded alike in every process."""
     torch.manual_seed(job.seed)
-    return make_model(
-        job.model,
-        obs_shape,
-        num_actions,
-        use_lstm=job.use_lstm,
-        last_action_reward=job.last_action_reward,
-        init=job.init,
-        normalize_input=job.normalize_input,
-        normalize_value=job.normalize_value,
-    )
+    return job.model.build(obs_shape, num_actions)
 
 
 def core_state_shapes(model) -> list[tuple[int, ...]]:
@@ -229,7 +76,7 @@ def act(model, obs):
 def actor_policy(job: Job):
     """How an actor runs its network: ``act``; None (``actors.BatchedInference`` steps it with its
     core state, last action and reward) for an LSTM or ``--last-action-reward``."""
-    return None if job.use_lstm or job.last_action_reward else act
+    return None if job.model.use_lstm or job.model.last_action_reward else act
 
 
 def actor_bf16(job: Job) -> bool:
@@ -447,12 +294,12 @@ IDENTITY = (
     "model",
     "use_lstm",
     "last_action_reward",
+    "normalize_input",
+    "normalize_value",
     "full_action_space",
     "sticky_actions",
     "noop_max",
     "episodic_life",
-    "normalize_input",
-    "normalize_value",
 )
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
@@ -466,13 +313,7 @@ def prepare_run(args: Args, job: Job) -> int | None:
     if job.resume:
         spec = job.env.spec()
         model = build_model(job, spec.obs_shape, spec.num_actions)
-        built = [f"--env {args.env}", f"--model {args.model}"]
-        built += [
-            f"--{k.replace('_', '-')}"
-            for k in ("use_lstm", "last_action_reward", "normalize_input")
-            if getattr(args, k)
-        ]
-        frames = rundir.check_checkpoint(job.out, model, " ".join(built))
+        frames = rundir.check_checkpoint(job.out, model, f"--env {args.env} {job.model.flags()}")
     rundir.write_config(job.out, config)
     return frames
 

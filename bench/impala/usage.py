@@ -2,8 +2,8 @@
 their choices and examples, and the lines the job prints before and after a run (what it
 runs, what to try next). The job itself, CleanRL style, is ``bench/impala/train.py``; this
 module takes its settings as they are (any object with the ``Args`` fields, and the
-``Plan``) and imports nothing of it. The defaults per env family are the plan's
-(``bench/impala/plan.py``).
+``Plan``) and imports nothing of it. The defaults per env family and algorithm are
+``bench/impala/defaults.py``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from actors.envs.protocol import PROTOCOLS, protocol_of
 from bench.impala import rundir
-from bench.impala.plan import FAMILY_DEFAULTS, Plan, defaults_for, env_family, pinned_cpus, usable_cores
+from bench.impala.defaults import CLASSIC_CONTROL
+from bench.impala.plan import Plan, env_family, pinned_cpus, usable_cores
 
 __all__ = ["CHOICES", "EXAMPLES", "HELP_GROUPS", "advice", "publishing", "summary"]
 
@@ -98,22 +99,10 @@ EXAMPLES = """examples:
 """
 
 
-def _as_flag(name: str, value: Any) -> str:
-    """The command-line words that set option ``name`` to ``value``."""
-    option = name.replace("_", "-")
-    if isinstance(value, bool):
-        return f"--{option}" if value else f"--no-{option}"
-    return f"--{option} {value:g}" if isinstance(value, float) else f"--{option} {value}"
-
-
-def _family_defaults(family: str) -> str:
-    """A family's defaults as the flags that would give them (the values above in brackets are Args' own)."""
-    return " ".join(_as_flag(name, value) for name, value in defaults_for(family, None).items())
-
-
-EXAMPLES += f"""
-On Atari, unless given (the values in brackets above are for other envs): {_family_defaults("atari")}.
-With --peers, or --algo impala, Atari gets IMPALA's own. Classic control: {_family_defaults("classic_control")}.
+EXAMPLES += """
+The defaults shown are those of the job that --env, --algo and --protocol name (and --peers, with
+which Atari runs IMPALA): python -m bench.impala --env CartPole-v1 --help shows CartPole's. The table
+and its rule: bench/impala/defaults.py.
 """
 
 
@@ -122,7 +111,7 @@ def summary(args: Any, plan: Plan) -> str:
     algo = (
         "IMPALA"
         if args.algo == "impala"
-        else f"APPO ({plan.epochs} epochs x {args.minibatches} minibatches of {args.shuffle})"
+        else f"APPO ({args.epochs} epochs x {args.minibatches} minibatches of {args.shuffle})"
     )
     protocol = f"\n{protocol_of(args).describe()}" if env_family(args.env) == "atari" else ""
     return (
@@ -172,7 +161,7 @@ def advice(args: Any) -> str | None:
             "--last-action-reward --full-action-space, --num-actors/--num-workers to fill the machine's cores, "
             "and --device cuda if there is a GPU."
         )
-    target = FAMILY_DEFAULTS.get(family, {}).get("total_frames")
+    target = CLASSIC_CONTROL["total_frames"] if family == "classic_control" else None
     if target is not None and args.total_frames < target:
         return f"A short run: {args.env} usually needs about {target:,} frames with these settings (the default)."
     return None
