@@ -445,7 +445,7 @@ def test_the_atari_protocol_is_a_preset_whose_options_win_and_is_named_everywher
     "argv, message",
     [
         (["--protocol", "dqn"], "argument --protocol: invalid choice: 'dqn'"),
-        (["--sticky-actions", "1"], "--sticky-actions must be in [0, 1), got 1.0"),
+        (["--sticky-actions", "1"], "--sticky-actions must be a probability in [0, 1), got 1.0"),
         (["--noop-max", "-1"], "--noop-max must be >= 0, got -1"),
         (["--env", "CartPole-v1", "--protocol", "sticky"], "--protocol: Atari settings, and CartPole-v1 is not"),
         (["--env", "CartPole-v1", "--no-episodic-life"], "--episodic-life: Atari settings, and CartPole-v1 is not"),

@@ -22,7 +22,6 @@ changes any one setting is ``custom``: its figures match neither preset's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 __all__ = ["BEFORE_PROTOCOLS", "PROTOCOLS", "Protocol", "protocol_of"]
@@ -42,15 +41,6 @@ class Protocol:
     """a lost life ends a training episode (the game goes on; reported returns count whole games)"""
     reward_clip: float
     """the learner's rewards are clipped to [-reward_clip, reward_clip] (0: not clipped)"""
-
-    def check(self) -> None:
-        """Raise ``ValueError`` naming the first setting out of its range."""
-        if not (math.isfinite(self.sticky_actions) and 0 <= self.sticky_actions < 1):
-            raise ValueError(f"sticky_actions must be in [0, 1), got {self.sticky_actions}")
-        if self.noop_max < 0:
-            raise ValueError(f"noop_max must be >= 0, got {self.noop_max}")
-        if not (math.isfinite(self.reward_clip) and self.reward_clip >= 0):
-            raise ValueError(f"reward_clip must be a finite number >= 0 (0: no clipping), got {self.reward_clip}")
 
     @property
     def name(self) -> str:

@@ -238,13 +238,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
     if family != "atari" and given & PROTOCOL_OPTIONS - {"reward_clip"}:
         names = ", ".join(f"--{k.replace('_', '-')}" for k in sorted(given & PROTOCOL_OPTIONS - {"reward_clip"}))
         parser.error(f"{names}: Atari settings, and {args.env} is not an Atari game")
-    if family == "atari":
-        protocol = protocol_of(args)
-        try:
-            protocol.check()
-        except ValueError as e:
-            parser.error(as_flags(str(e)))
-        args = dataclasses.replace(args, protocol=protocol.name)  # "custom" where an option changed a preset's
+    if family == "atari":  # "custom" where an option changed a preset's (EnvConfig checks the values)
+        args = dataclasses.replace(args, protocol=protocol_of(args).name)
     if args.total_frames < 1:
         parser.error(f"--total-frames must be >= 1, got {args.total_frames}")
     for name in ("num_actors", "num_workers", "envs_per_worker", "learner_threads"):

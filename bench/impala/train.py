@@ -41,6 +41,7 @@ import torch
 
 import shmpad as lp
 from actors import BatchedInference, EnvPool, RolloutWriter, trajectory_spec
+from actors.envs.protocol import PROTOCOLS
 from bench.impala import rundir
 from bench.impala.job import Job, PeerGroup, resolve
 from bench.impala.options import Args, UsageError, parse_args
@@ -48,7 +49,7 @@ from bench.impala.plan import Plan, pinned_cpus
 from bench.impala.progress import RunLog, actor_counters, actor_totals, last_seconds, plot, progress, progress_line
 from bench.impala.tensorboard import TensorBoardLog
 from bench.impala.usage import advice, summary
-from learners import Learner
+from learners import Learner, ModelConfig
 from shmpad import Closed, Timeout
 from shmpad.net.auth import load_token
 
@@ -291,15 +292,8 @@ and writes its checkpoint. An APPO update of 64 x 128 Pong steps took 38-48 s on
 IDENTITY = (
     "env",
     "algo",  # an Atari run from before APPO became Atari's default resumes with --algo impala, not silently as APPO
-    "model",
-    "use_lstm",
-    "last_action_reward",
-    "normalize_input",
-    "normalize_value",
-    "full_action_space",
-    "sticky_actions",
-    "noop_max",
-    "episodic_life",
+    *(name for name in ModelConfig().record() if name != "init"),  # the weights loaded make the init moot
+    *(name for name in PROTOCOLS["envpool"].fields() if name != "reward_clip"),
 )
 """the settings a checkpoint depends on: --resume refuses a run that differs in one"""
 
