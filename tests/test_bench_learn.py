@@ -100,6 +100,9 @@ def test_a_run_stops_once_its_targets_are_reached(tmp_path, capsys, shm_leak_che
     assert run["plan"] and run["plan"][0].startswith("IMPALA on CartPole-v1")
     assert sorted(os.listdir(out)) == ["curves.png", "seed-0", "seed-0.log", "summary.json", "summary.md"]
     assert "| 10 | 1/1 |" in (out / "summary.md").read_text()
+    assert f"Command: `python -m bench.learn {' '.join(argv)} --out {out} -- --log-interval 1`" in (
+        (out / "summary.md").read_text()
+    )  # the command main was given, not this process's
     assert capsys.readouterr().out.splitlines()[-1].startswith("summary: ")
     assert _session_members(run["pid"]) == [], "the run's processes outlived it"
 

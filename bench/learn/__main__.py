@@ -30,6 +30,12 @@ worst, the machine, each run's plan line), ``summary.md`` (the same as a table) 
 run's own folder and its output, ``seed-S.log``. Stopped by Ctrl+C or SIGTERM, it stops its
 runs as Ctrl+C stops a job (each keeps a checkpoint) and still writes them, the seeds it
 stopped marked ``"interrupted": true`` with their frames and targets so far.
+
+``python -m bench.learn.games --games ALE/Breakout-v5,ALE/Pong-v5`` runs this game by game, each
+past its target to 40M frames, and writes one table of them all (``games.md``, ``games.json``):
+each game's protocol, its score at 10M and 40M frames, its frames and minutes to its target, and
+the published runs it compares with (``bench/learn/targets.py``, each with its source);
+``--table-only`` makes that table again from kept run folders without running anything.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser.add_argument("--out", default="", help="folder for the runs and the summary [runs/learn-<env>-<time>]")
     parser.add_argument("--resume", action="store_true", help="continue each seed's run in --out from its checkpoint")
     args = parser.parse_args(own)
+    args.argv = argv  # for the summary's command line (bench.learn.games calls main with its own)
     try:
         args.targets = [float(t) for t in args.targets.split(",")]
     except ValueError:
@@ -305,7 +312,7 @@ def _table(args: argparse.Namespace, job: list[str], summary: dict, results: lis
     lines = [
         f"# bench.learn: {args.env}, {len(results)} seed(s), {args.frames:,}-frame budget",
         "",
-        f"Command: `python -m bench.learn {shlex.join(sys.argv[1:])}`" if sys.argv[1:] else "",
+        f"Command: `{shlex.join(['python', '-m', 'bench.learn', *args.argv])}`",
         f"Job flags: `{shlex.join(job)}`",
         "",
         "| target | seeds reached | frames per seed | median frames | worst | seconds per seed | median s | worst s |",
