@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from helpers import track_pid, wait_until
@@ -216,6 +217,12 @@ def test_a_batch_size_of_a_wrong_type_is_a_type_error_before_anything_is_reduced
         unjoined.reduce_gradients(8.0)
     with pytest.raises(ValueError, match="batch_size must be an int >= 0, got -1"):
         unjoined.reduce_gradients(-1)
+    with pytest.raises(TypeError, match="extra must be a floating-point tensor, got list"):
+        unjoined.reduce_gradients(8, [0.5])
+    with pytest.raises(TypeError, match="extra must be a floating-point tensor, got a torch.int64 tensor"):
+        unjoined.reduce_gradients(8, torch.tensor([1]))
+    with pytest.raises(TypeError, match="values must be a numpy array, got list"):
+        unjoined.reduce_values([1.0])
 
 
 def run_peers(bodies, prepare=None, **kwargs) -> list:
@@ -267,6 +274,33 @@ def test_gradients_are_averaged_over_the_peers_that_contributed():
     a, b, c = run_peers([contributes, contributes, skips])
     assert a == b == (True, [[3.0, 6.0]], 1)  # (3 + 3 + 0) / 2 contributions, not / 3 peers
     assert c[0] is True and c[2] == 1
+
+
+@pytest.mark.parametrize("backend", ["shmpad", "gloo"])
+def test_extra_values_are_averaged_with_the_gradients_over_the_members_that_contributed(backend):
+    def contributes(acc, model):
+        set_grad(model, [3.0, 6.0])
+        extra = torch.tensor([1.0 + int(acc.name[1:]), 10.0])  # t0: 1, t1: 2
+        return acc.reduce_gradients(8, extra), extra.tolist(), model.weight.grad.tolist()
+
+    def skips(acc, model):
+        extra = torch.tensor([100.0, 100.0])
+        return acc.skip_gradients(extra), extra.tolist(), model.weight.grad.tolist()
+
+    a, b, c = run_peers([contributes, contributes, skips], backend=backend)
+    assert a == b == c == (True, [1.5, 10.0], [[3.0, 6.0]])
+
+
+@pytest.mark.parametrize("backend", ["shmpad", "gloo"])
+def test_values_are_summed_over_the_group_whatever_the_data_plane(backend):
+    def body(acc, model):
+        values = np.array([1.0 + 2.0**-40 * (1 + int(acc.name[1:])), 2.0])  # float64: beyond float32's reach
+        summed = acc.reduce_values(values)
+        set_grad(model, [1.0, 1.0])
+        return summed, values.tolist(), acc.reduce_gradients(8), acc.plane
+
+    results = run_peers([body, body, body], backend=backend)
+    assert results == [(True, [3.0 + 6 * 2.0**-40, 6.0], True, backend)] * 3
 
 
 def test_a_virtual_batch_steps_once_enough_samples_were_summed():

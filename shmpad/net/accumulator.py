@@ -39,6 +39,12 @@ warning, then loads the group's state. ``lineage`` names the steps that led to a
 the same steps, and hold the same weights where they compute alike (``check_every``).
 Between a fork and the next sync the members do not hold the same weights.
 
+What else steers a step rides along: ``reduce_gradients(batch_size, extra)`` averages a
+few values with the gradients (an APPO minibatch's KL), and ``reduce_values`` sums a
+member's statistics with the group's over the shmpad ring (a batch's input moments), so
+that every member steers its steps by the group's. A reduction of either kind that the
+group abandons is abandoned the same way.
+
 Stale gradients are never averaged in. A peer that hung (SIGSTOP, a stuck call) and
 was dropped wakes up holding gradients of weights the group has left behind. Whatever
 reduction it tries on its old ring is abandoned: the others closed that ring, and
@@ -176,7 +182,7 @@ class Accumulator:
         sizes = [p.numel() for p in self.params]
         self._offsets = np.cumsum([0, *sizes])
         n = int(self._offsets[-1])
-        self._flat = np.zeros(n + 2, dtype=np.float32)  # gradients, then batch size and contributions
+        self._flat = np.zeros(n + 2, dtype=np.float32)  # gradients, then any extra values, batch size and contributions
         # what the reductions of this virtual batch added up to, where the data plane reduces (NCCL: the GPU)
         self._sum = torch.zeros(n, dtype=torch.float32)
         self._sum_batch = 0.0
@@ -463,7 +469,7 @@ class Accumulator:
 
     # -- gradients ------------------------------------------------------------------
 
-    def reduce_gradients(self, batch_size: int) -> bool:
+    def reduce_gradients(self, batch_size: int, extra: torch.Tensor | None = None) -> bool:
         """Sum this peer's gradients (of ``batch_size`` samples) with the group's.
         Gradients that a state sync made stale are refused (see ``refused``): the
         peer then takes part without contributing.
@@ -473,19 +479,28 @@ class Accumulator:
         reduction), and the caller takes
         its optimiser step. False when more is needed, or when the reduction was
         abandoned (the group changed: the gradients are dropped, ``ready()`` forms
-        the next ring)."""
+        the next ring).
+
+        ``extra``: a few float32 values that steer the step (an APPO minibatch's KL), reduced in
+        the same operation: once the reduction completes, ``extra`` holds, in place, their mean
+        over the members that contributed to this reduction (zeros where none did), the same
+        bits on every member; abandoned, it is left as it was. Every member passes as many
+        values to the same reduction."""
         _check_count("batch_size", batch_size, 0)
-        flat = self._staging()
+        values = _extra_values(extra)
+        flat = self._staging(len(values))
         if self._refuse_stale():
-            return self.skip_gradients()
+            return self.skip_gradients(extra)
         for p, a, b in zip(self.params, self._offsets[:-1], self._offsets[1:]):
             if p.grad is None:
                 flat[a:b].zero_()
             else:
                 flat[a:b].copy_(p.grad.detach().reshape(-1))
+        n = int(self._offsets[-1])
+        flat[n:-2].copy_(values)
         flat[-2] = batch_size
         flat[-1] = 1.0 if batch_size > 0 else 0.0
-        return self._reduce(flat)
+        return self._reduce(flat, extra)
 
     def _refuse_stale(self) -> bool:
         """True (and counted in ``refused``) if a gradient this peer holds is one that a
@@ -501,22 +516,53 @@ class Accumulator:
         )
         return True
 
-    def skip_gradients(self) -> bool:
-        """Take part in the group's reduction without contributing (zero gradients,
-        not counted in the average). Returns what ``reduce_gradients`` would."""
-        flat = self._staging()
+    def skip_gradients(self, extra: torch.Tensor | None = None) -> bool:
+        """Take part in the group's reduction without contributing (zero gradients and
+        ``extra`` values, not counted in the average; ``extra`` then receives the
+        contributors' mean). Returns what ``reduce_gradients`` would."""
+        flat = self._staging(len(_extra_values(extra)))
         flat.zero_()
-        return self._reduce(flat)
+        return self._reduce(flat, extra)
 
-    def _staging(self) -> torch.Tensor:
-        """Where to gather the gradients: the process group's own buffer on its device
-        (which saves two copies, and for NCCL keeps them on the GPU), else ours on the
-        host. Should the plane change before ``_reduce``, that reduction copies from it
-        or is abandoned; either way nothing is torn."""
+    def reduce_values(self, values: np.ndarray) -> bool:
+        """Replace ``values`` (a 1-D numpy array of float32, float64, int32 or int64) by their
+        sum over the members of the group, in place: statistics that steer the steps (a batch's
+        input moments, say), which every member must hold alike. They go over the shmpad ring
+        whatever the data plane (float64 there too), the same bits on every member. Every
+        member reduces the same number of values at the same point of its sequence of
+        reductions. True once summed; False where the reduction was abandoned because the group
+        changed (as for ``reduce_gradients``: counted in ``abandoned``, ``ready()`` forms the
+        next ring) or the accumulator is closed."""
+        if not isinstance(values, np.ndarray):
+            raise TypeError(f"values must be a numpy array, got {type(values).__name__}")
+        with self._lock:
+            ring = self._ring
+        if ring is None and self._closed:
+            return False
+        if ring is None:
+            raise RuntimeError("reduce_values() before the group is ready: call ready() first")
+        try:
+            ring.allreduce(values)
+        except Abandoned as e:
+            self._abandon(e)
+            return False
+        return True
+
+    def _staging(self, extra: int = 0) -> torch.Tensor:
+        """Where to gather the gradients (then ``extra`` values, the batch size and the
+        contribution): the process group's own buffer on its device (which saves two copies,
+        and for NCCL keeps them on the GPU), else ours on the host. Should the plane change
+        before ``_reduce``, that reduction copies from it or is abandoned; either way nothing
+        is torn."""
+        size = int(self._offsets[-1]) + extra + 2
         plane = self._plane
-        return plane.buffer(len(self._flat)) if isinstance(plane, TorchGroup) else torch.from_numpy(self._flat)
+        if isinstance(plane, TorchGroup):
+            return plane.buffer(size)
+        if len(self._flat) != size:
+            self._flat = np.zeros(size, dtype=np.float32)
+        return torch.from_numpy(self._flat)
 
-    def _reduce(self, flat: torch.Tensor) -> bool:
+    def _reduce(self, flat: torch.Tensor, extra: torch.Tensor | None = None) -> bool:
         with self._lock:
             ring, plane = self._ring, self._plane
         if ring is None and self._closed:
@@ -528,18 +574,15 @@ class Accumulator:
                 self._check(ring)
             plane.allreduce(flat if isinstance(plane, TorchGroup) else flat.numpy())
         except Abandoned as e:
-            self.abandoned += 1
-            log.info("%s: reduction abandoned: %s", self.name, e)
-            self._drop_ring()
-            self._clear_sum()
-            for p in self.params:
-                p.grad = None
+            self._abandon(e)
             return False
         n = len(self._sum)
         if self._sum.device != flat.device:
             self._sum = torch.zeros(n, dtype=torch.float32, device=flat.device)  # a new plane: the sum was cleared
         self._sum += flat[:n]
         batch, count = flat[-2:].tolist()  # from a GPU: one small copy, after the reduction it waits for anyway
+        if extra is not None:
+            extra.copy_((flat[n:-2] / max(count, 1.0)).reshape(extra.shape))
         self._sum_batch += batch
         self._sum_count += count
         if self._sum_count == 0 or self._sum_batch < self.virtual_batch_size:
@@ -554,6 +597,16 @@ class Accumulator:
         self._advance(ring.key)
         self._clear_sum()
         return True
+
+    def _abandon(self, error: Abandoned) -> None:
+        """After a reduction the group abandoned: the ring goes, and with it this virtual
+        batch's sum and this peer's gradients."""
+        self.abandoned += 1
+        log.info("%s: reduction abandoned: %s", self.name, error)
+        self._drop_ring()
+        self._clear_sum()
+        for p in self.params:
+            p.grad = None
 
     def _advance(self, ring_key: str) -> None:
         """Count a step taken in the epoch of ``ring_key``: the version, its lineage, the history."""
@@ -599,6 +652,16 @@ def _next_lineage(lineage: int, ring_key: str) -> int:
     so that it travels in an int64 allreduce)."""
     digest = hashlib.blake2b(lineage.to_bytes(8, "little", signed=True) + ring_key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
+
+
+def _extra_values(extra: torch.Tensor | None) -> torch.Tensor:
+    """``reduce_gradients``' extra values as one flat float tensor (none: empty)."""
+    if extra is None:
+        return torch.zeros(0)
+    if not isinstance(extra, torch.Tensor) or not extra.is_floating_point():
+        what = f"a {extra.dtype} tensor" if isinstance(extra, torch.Tensor) else type(extra).__name__
+        raise TypeError(f"extra must be a floating-point tensor, got {what}")
+    return extra.detach().reshape(-1)
 
 
 def _key(membership: Membership) -> str:
