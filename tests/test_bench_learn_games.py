@@ -13,7 +13,7 @@ import json
 import pytest
 
 from bench.learn import __main__ as learn
-from bench.learn import games
+from bench.learn import games, table
 from bench.learn.targets import TARGETS
 
 ENVPOOL = {"protocol": "envpool", "sticky_actions": 0.0, "full_action_space": False, "noop_max": 30}
@@ -62,7 +62,7 @@ def kept(tmp_path):
 
 def test_scores_at_the_marks_and_frames_and_minutes_to_the_target(kept):
     out, seed0, seed1 = kept
-    breakout = games.read_game(str(out / "ale-breakout-v5"), "ALE/Breakout-v5", [10_000_000, 40_000_000], 100)
+    breakout = table.read_game(str(out / "ale-breakout-v5"), "ALE/Breakout-v5", [10_000_000, 40_000_000], 100)
     s0, s1 = breakout["seeds"]
     assert s0["frames"] == 50_000_000 and s1["frames"] == 25_000_000
     assert s0["marks"][10_000_000] == {"reached": True, "mean": slow_mean_at(seed0, 10_000_000), "games": 100}
@@ -76,7 +76,7 @@ def test_scores_at_the_marks_and_frames_and_minutes_to_the_target(kept):
     assert s1["target"] == {"frames": 12_550_000, "seconds": 78.0}  # game 250; no wall-clock in the summary
     assert breakout["machine"] == {"cpu": "test cpu", "cpus": 2}
 
-    text = games.table([breakout], [10_000_000, 40_000_000], 100, "python -m bench.learn.games --table-only")
+    text = table.table([breakout], [10_000_000, 40_000_000], 100, "python -m bench.learn.games --table-only")
     row = next(line for line in text.splitlines() if line.startswith("| ALE/Breakout-v5 |"))
     cells = [c.strip() for c in row.strip("|").split(" | ")]
     assert cells[2] == "2 (0, 1)"
@@ -90,10 +90,10 @@ def test_a_run_short_of_a_mark_and_of_its_target(kept):
     out, _, _ = kept
     (out / "ale-breakout-v5" / "summary.json").unlink()
     (out / "ale-breakout-v5" / "seed-0").rename(out / "seed-0-elsewhere")  # seed 1 alone
-    breakout = games.read_game(str(out / "ale-breakout-v5"), "ALE/Breakout-v5", [10_000_000, 40_000_000], 100, 1e6)
+    breakout = table.read_game(str(out / "ale-breakout-v5"), "ALE/Breakout-v5", [10_000_000, 40_000_000], 100, 1e6)
     (s1,) = breakout["seeds"]
     assert s1["target"] is None and breakout["target"] == {"score": 1e6, "why": "given with --target"}
-    text = games.table([breakout], [10_000_000, 40_000_000], 100, "cmd")
+    text = table.table([breakout], [10_000_000, 40_000_000], 100, "cmd")
     cells = next(line for line in text.splitlines() if line.startswith("| ALE/Breakout")).strip("|").split(" | ")
     assert [c.strip() for c in cells[3:8]] == [
         "299.0",
@@ -107,8 +107,8 @@ def test_a_run_short_of_a_mark_and_of_its_target(kept):
 def test_the_protocol_is_named_and_a_reference_compared_only_under_its_own(kept):
     out, _, _ = kept
     marks = [10_000_000, 40_000_000]
-    breakout = games.read_game(str(out / "ale-breakout-v5"), "ALE/Breakout-v5", marks, 100)
-    pong = games.read_game(str(out / "ale-pong-v5"), "ALE/Pong-v5", marks, 100)
+    breakout = table.read_game(str(out / "ale-breakout-v5"), "ALE/Breakout-v5", marks, 100)
+    pong = table.read_game(str(out / "ale-pong-v5"), "ALE/Pong-v5", marks, 100)
     assert breakout["protocol"]["name"] == "envpool"
     assert breakout["protocol"]["description"] == (
         "envpool protocol: sticky actions 0, minimal action set, up to 30 no-ops, life loss ends a training "
@@ -122,7 +122,7 @@ def test_the_protocol_is_named_and_a_reference_compared_only_under_its_own(kept)
     assert pong["target"] is None and pong["references"] and not any(r["comparable"] for r in pong["references"])
     assert pong["seeds"][0]["marks"][10_000_000] == {"reached": False, "ran_to": 5_000_000}
 
-    text = games.table([breakout, pong], marks, 100, "cmd")
+    text = table.table([breakout, pong], marks, 100, "cmd")
     pong_row = next(line for line in text.splitlines() if line.startswith("| ALE/Pong-v5 |"))
     assert "sticky protocol: sticky actions 0.25" in pong_row and "(config.json: sticky)" in pong_row
     assert "| no target | no target |" in pong_row and "| none |" in pong_row
@@ -136,13 +136,13 @@ def test_the_protocol_is_named_and_a_reference_compared_only_under_its_own(kept)
 
 def test_a_run_from_before_the_protocol_setting_says_so(tmp_path):
     config = {"env": "ALE/Breakout-v5", "reward_clip": 1.0, "full_action_space": False}  # as docs/results/pong-h200's
-    entry = games.protocol_entry(config)
+    entry = table.protocol_entry(config)
     assert entry["name"] is None
     assert entry["description"].startswith(
         "custom protocol: sticky actions 0, minimal action set, up to 30 no-ops, no life loss"
     )
     assert entry["description"].endswith("(recorded before the protocol was a setting)")
-    assert games.protocol_entry({"env": "CartPole-v1"}) == {
+    assert table.protocol_entry({"env": "CartPole-v1"}) == {
         "name": None,
         "description": "CartPole-v1 is not an Atari game: no protocol",
     }
