@@ -10,6 +10,17 @@ PPO and Sample Factory draw them, so that no minibatch is a few correlated stret
 episodes. A batch is still one update of the policy version the actors see, and one step of
 the learning-rate schedule; with ``kl_target`` the rate also adapts after every minibatch
 step (``learners.schedule.KLAdaptive``).
+
+In a group of learners (``Learner.join_group``) every minibatch step is one reduction of the
+group's gradients, each member's from its own minibatch, and what steers the steps is summed
+or averaged over the members first: the value statistics take in every member's ``vs``, each
+minibatch's advantages are normalised by the mean and deviation of the members' minibatches
+together, and the KL that adapts the rate is the members' mean (reduced with the gradients).
+So with members of equal batches the group takes the steps of one learner whose minibatch is
+the union of theirs (the same to float rounding: sums run in another order), the KL-adapted
+rate included. A member whose reduction the group abandons (a member left or joined) takes
+no further step of that batch (``update`` returns None), so that every member starts the
+next batch, in the next ring, at its first reduction.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from learners.categorical import action_log_probs
-from learners.loss import ImpalaLoss, appo_loss, clip_rewards
+from learners.loss import ImpalaLoss, appo_loss, clip_rewards, normalize_advantages
 from learners.schedule import KLAdaptive
 from learners.vtrace import from_logits
 
@@ -27,6 +38,9 @@ if TYPE_CHECKING:
     from learners.learner import Learner
 
 __all__ = ["Appo"]
+
+_NORMALIZE_EPS = 1e-8
+"""added to the deviation that normalises advantages (``learners.loss.normalize_advantages``' own)"""
 
 
 class Appo:
@@ -37,45 +51,84 @@ class Appo:
         self.last: dict[str, torch.Tensor] = {}
         """the last batch's clip fraction and KL (tensors: read, and synchronised, only by statistics)"""
 
-    def update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
-        """``epochs`` x ``minibatches`` clipped steps on a time-major batch ``{field: [T+1, B, ...]}``."""
+    def update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss | None:
+        """``epochs`` x ``minibatches`` clipped steps on a time-major batch ``{field: [T+1, B, ...]}``:
+        the last minibatch's loss, or None where a group change cut the batch short."""
         learner = self.learner
         config, device = learner.config, learner.device
         targets = self.targets(batch)  # each [T, B]
+        if targets is None:
+            return None
         if config.shuffle == "steps":  # every step of the batch a column of one row: [1, T*B, ...]
             batch = {k: v[:-1].reshape(1, -1, *v.shape[2:]) for k, v in batch.items() if k not in learner.core_states}
             targets = {k: v.reshape(1, -1) for k, v in targets.items()}
         columns_in_batch = batch["done"].shape[1]
         size = columns_in_batch // config.minibatches
+        orders = self.orders(columns_in_batch)
+        scales = self.advantage_moments(targets["advantages"], orders, size)  # [epochs, minibatches] each
+        if scales is None:
+            return None
         clipped = torch.zeros((), device=device)
         kl = torch.zeros((), device=device)
         adaptive = learner.schedule if isinstance(learner.schedule, KLAdaptive) else None
         loss: ImpalaLoss | None = None
-        for _ in range(config.epochs):
-            order = torch.randperm(columns_in_batch, device=device)
+        for epoch, order in enumerate(orders):
             for k in range(config.minibatches):
                 columns = order[k * size : (k + 1) * size]
                 minibatch = {name: v[:, columns] for name, v in batch.items()}  # every field is [*, B, ...]
-                loss, log_ratio = learner.compute_loss(minibatch, {name: v[:, columns] for name, v in targets.items()})
+                chosen = {name: v[:, columns] for name, v in targets.items()}
+                if config.normalize_advantages:
+                    chosen["advantages"] = _standardised(chosen["advantages"], scales, epoch, k)
+                loss, log_ratio = learner.compute_loss(minibatch, chosen)
                 with torch.no_grad():
                     clipped += (log_ratio.exp() - 1).abs().gt(config.clip).float().mean()
                     kl += ((log_ratio.exp() - 1) - log_ratio).mean()  # the k3 estimator of KL(prox || new)
-                learner.optimizer_step()
-                if adaptive is not None:  # one sync per minibatch
-                    kl_step = float(0.5 * log_ratio.square().mean())
-                    adaptive.observe(kl_step, config.kl_target, learner.optimizer, learner.base_rate)
+                    kl_step = (0.5 * log_ratio.square().mean()).reshape(1) if adaptive is not None else None
+                if not learner.optimizer_step(len(columns), kl_step):  # abandoned: the group changed
+                    return None
+                if kl_step is not None:  # one sync per minibatch; in a group, the members' mean
+                    adaptive.observe(float(kl_step), config.kl_target, learner.optimizer, learner.base_rate)
         assert loss is not None  # epochs and minibatches are >= 1
         steps = config.epochs * config.minibatches
         self.last = {"clip_fraction": clipped / steps, "approx_kl": kl / steps}
         return loss
 
+    def orders(self, columns: int) -> list[torch.Tensor]:
+        """The order of a batch's ``columns`` in each epoch (a random permutation each): epoch
+        ``e``'s minibatch ``k`` is the ``k``-th slice of ``orders[e]``."""
+        return [torch.randperm(columns, device=self.learner.device) for _ in range(self.learner.config.epochs)]
+
     @torch.no_grad()
-    def targets(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def advantage_moments(
+        self, advantages: torch.Tensor, orders: list[torch.Tensor], size: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """In a group with ``normalize_advantages``, the mean and standard deviation of each
+        minibatch's advantages over the members' minibatches together (``[epochs, minibatches]``
+        each, float64), from one reduction of their counts, sums and sums of squares; None where
+        the group changed meanwhile. Otherwise there is nothing to share (each minibatch is
+        normalised by its own moments): an empty pair."""
+        learner = self.learner
+        if learner.accumulator is None or not learner.config.normalize_advantages:
+            return torch.zeros(0), torch.zeros(0)
+        per_column = advantages.double()  # [T, B]
+        sums, squares = per_column.sum(0), per_column.square().sum(0)  # [B]
+        chosen = torch.stack(orders).view(len(orders), -1, size)  # [epochs, minibatches, size]
+        count = torch.full(chosen.shape[:2], float(advantages.shape[0] * size), dtype=torch.float64, device=sums.device)
+        summed = learner.group_sum(count, sums[chosen].sum(-1), squares[chosen].sum(-1))
+        if summed is None:
+            return None
+        count, total, square = summed
+        mean = total / count
+        return mean, (square / count - mean.square()).clamp(min=0.0).sqrt()
+
+    @torch.no_grad()
+    def targets(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         """V-trace's ``vs`` and advantages from the learner's weights before the batch's first
         step, with its log-probabilities and baseline then (the proximal policy and old values).
         With a model that predicts standardised values, V-trace runs on the values in returns'
-        units, the statistics then take in the batch's ``vs``, and ``vs`` and the old values are
-        returned standardised by them (what the baseline head is trained to predict)."""
+        units, the statistics then take in the batch's ``vs`` (in a group, every member's: None
+        where the group changed meanwhile), and ``vs`` and the old values are returned
+        standardised by them (what the baseline head is trained to predict)."""
         learner = self.learner
         config, value_norm = learner.config, learner.value_norm
         with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=config.bf16):
@@ -98,7 +151,8 @@ class Appo:
         )
         vs, values = returns.vs, baseline[:-1]
         if value_norm is not None:
-            value_norm.update(vs)
+            if not learner.merge_moments(value_norm, vs):  # a group's: every member's vs
+                return None
             vs, values = value_norm(vs), value_norm(values)
         return {
             "vs": vs,
@@ -131,8 +185,21 @@ class Appo:
             value_clip=config.value_clip,
             baseline_cost=config.baseline_cost,
             entropy_cost=config.entropy_cost,
-            normalize=config.normalize_advantages,
+            normalize=False,  # update normalised each minibatch's advantages (with the group's moments)
             reduction=config.reduction,
             log_probs=log_probs,
         )
         return loss, (log_probs - targets["log_probs"]).detach()
+
+
+def _standardised(
+    advantages: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor], epoch: int, minibatch: int
+) -> torch.Tensor:
+    """A minibatch's advantages shifted and scaled to mean 0 and deviation 1: by the group's
+    moments of that minibatch where ``moments`` holds them (``Appo.advantage_moments``), else by
+    its own (``learners.loss.normalize_advantages``)."""
+    mean, std = moments
+    if not mean.numel():
+        return normalize_advantages(advantages)
+    scaled = (advantages - mean[epoch, minibatch]) / (std[epoch, minibatch] + _NORMALIZE_EPS)
+    return scaled.to(advantages.dtype)

@@ -152,16 +152,12 @@ class LearnerConfig:
                 f"publish_seconds must be >= 0 (0: every publish_every updates), got {self.publish_seconds!r}"
             )
 
-    def check_group(self, *, normalize_input: bool = False) -> None:
+    def check_group(self, *, virtual_batch_size: int = 0) -> None:
         """Raise ``ValueError`` where a group of learners (``Learner.join_group``) cannot train
-        with these settings and a model with (or without) input statistics."""
-        if self.algo != "impala":
+        with these settings and the group's ``virtual_batch_size`` (``shmpad.net.Accumulator``'s)."""
+        if self.algo == "appo" and virtual_batch_size:
             raise ValueError(
-                f"a group of learners averages one gradient per batch: algo {self.algo!r} takes "
-                f"{self.epochs * self.minibatches} steps per batch, use algo 'impala' with a group"
-            )
-        if normalize_input:
-            raise ValueError(
-                "normalize_input keeps input statistics per learner, and a group's learners would differ: "
-                "train a group without it"
+                f"a group of APPO learners takes a step at every reduction of the members' minibatch "
+                f"gradients, and virtual_batch_size ({virtual_batch_size}) would sum several reductions into one "
+                f"step: use virtual_batch_size 0 with algo 'appo'"
             )

@@ -18,6 +18,17 @@ and moolib do.
 ``algo="appo"`` reuses each batch for several steps (``learners.appo``); the learning-rate
 schedule is one small object (``learners.schedule``), and the settings with their rules are
 ``learners.config.LearnerConfig``.
+
+In a group of learners (``join_group``) every optimiser step is one reduction of the group's
+gradients, each member's from its own batch (APPO: its own minibatch), and what steers the
+steps is the group's: the input statistics (``RunningNorm``, summed over the members' batches
+before each batch's loss), APPO's value statistics and minibatch advantage statistics, and the
+KL that adapts the learning rate (averaged with each minibatch's gradients). Members with
+equal batches thus take the steps one learner would take on the union of their batches. Every
+member makes the same reductions in the same order, batch by batch; where the group changes
+during a batch (a reduction is abandoned), the member gives up the rest of that batch: the steps
+it took stay, the schedule does not advance, and the next batch starts, after ``ready()``, in
+the new group at the batch's first reduction, with every other member.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ from actors.trajectory import LAST_ACTION, POLICY_VERSION, core_state_fields, un
 from learners.appo import Appo
 from learners.config import LearnerConfig
 from learners.loss import ImpalaLoss, impala_loss
-from learners.models import ActorCritic, ModelOutput
+from learners.models import ActorCritic, ModelOutput, RunningNorm
 from learners.schedule import KLAdaptive, make_schedule
 from learners.staging import BatchStager, WeightPublisher
 from shmpad.errors import Timeout
@@ -147,8 +158,8 @@ class Learner:
         scheduler: gradients are then averaged with the group's learners before each
         step (see ``join_group``)"""
         self.skipped = 0
-        """batches that led to no step of their own: the group's virtual batch was not
-        complete yet, or the reduction was abandoned because the group changed"""
+        """batches that led to no update of their own: the group's virtual batch was not
+        complete yet, or the group changed during the batch (a reduction was abandoned)"""
         self.publisher = (
             WeightPublisher(self.model, weights, config.publish_every, config.publish_seconds)
             if weights is not None
@@ -159,14 +170,16 @@ class Learner:
 
     def join_group(self, broker: str, group: str = "default", **kwargs: Any) -> None:
         """Average gradients with the other learners of ``group`` at ``broker``
-        (``kwargs`` go to ``shmpad.net.Accumulator``: name, host, port, token...)."""
+        (``kwargs`` go to ``shmpad.net.Accumulator``: name, host, port, token...; see the
+        module docstring for what the group then shares)."""
         from shmpad.net.accumulator import Accumulator
 
-        self.config.check_group(normalize_input=self._obs_norm is not None)
+        self.config.check_group(virtual_batch_size=kwargs.get("virtual_batch_size", 0))
         self.accumulator = Accumulator(self.model, self.optimizer, self.scheduler, broker=broker, group=group, **kwargs)
 
-    def step(self, timeout: float | None = None) -> ImpalaLoss:
-        """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``)."""
+    def step(self, timeout: float | None = None) -> ImpalaLoss | None:
+        """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``): its
+        loss, or None for a batch that a group change cut short (APPO), or came before the loss of."""
         t0 = time.perf_counter()
         if self.accumulator is not None:
             version = self.accumulator.version
@@ -190,23 +203,28 @@ class Learner:
         self._update_s += time.perf_counter() - t1
         return loss
 
-    def update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
-        """One optimiser step on a time-major batch ``{field: [T+1, B, ...]}``."""
+    def update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss | None:
+        """One update on a time-major batch ``{field: [T+1, B, ...]}`` (in a group, once
+        ``accumulator.ready()``, as ``step`` does); what ``step`` returns."""
         self._count_episodes(batch)
         if any(v.device != self.device for v in batch.values()):
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         return self._update(batch)
 
-    def _update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss:
-        if self._obs_norm is not None:  # the batch's own steps (its bootstrap row is the next unroll's first)
-            self._obs_norm.update(batch["obs"][:-1])
+    def _update(self, batch: dict[str, torch.Tensor]) -> ImpalaLoss | None:
+        self.frames += self.frames_per_update
+        # the batch's own steps (its bootstrap row is the next unroll's first)
+        if self._obs_norm is not None and not self.merge_moments(self._obs_norm, batch["obs"][:-1]):
+            self.skipped += 1  # the group changed before the batch's first reduction of gradients
+            return None
         if self.appo is not None:
-            loss, stepped = self.appo.update(batch), True
+            loss = self.appo.update(batch)  # None: cut short by a group change
+            stepped = loss is not None
         else:
             loss = self.compute_loss(batch)
             stepped = self.optimizer_step(batch["done"].shape[1])
-        self.frames += self.frames_per_update
-        self._last_loss = ImpalaLoss(*(v.detach() for v in loss))
+        if loss is not None:
+            self._last_loss = ImpalaLoss(*(v.detach() for v in loss))
         if not stepped:
             self.skipped += 1
             return loss
@@ -216,15 +234,38 @@ class Learner:
             self.publisher(self.steps)
         return loss
 
-    def optimizer_step(self, columns: int = 0) -> bool:
+    def optimizer_step(self, columns: int = 0, extra: torch.Tensor | None = None) -> bool:
         """One optimiser step on the gradients the last ``compute_loss`` left, averaged first with
-        the group's (``columns``: the unrolls they came from) where this learner is in one; False,
-        without a step, where the group abandoned the reduction or its virtual batch is not complete."""
-        if self.accumulator is not None and not self.accumulator.reduce_gradients(columns):
+        the group's (``columns``: the unrolls or steps they came from) where this learner is in
+        one, with ``extra`` (values that steer the step: the group's mean replaces them, see
+        ``Accumulator.reduce_gradients``); False, without a step, where the group abandoned the
+        reduction or its virtual batch is not complete."""
+        if self.accumulator is not None and not self.accumulator.reduce_gradients(columns, extra):
             return False
         if self.config.grad_norm_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_norm_clip, foreach=True)
         self.optimizer.step()
+        return True
+
+    def group_sum(self, *tensors: torch.Tensor) -> list[torch.Tensor] | None:
+        """``tensors`` summed over the group's learners (each member's own, at the same point
+        of its batch; float64, on each tensor's device); outside a group, ``tensors`` as they
+        are. None where the group changed during the reduction."""
+        if self.accumulator is None:
+            return list(tensors)
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float64) for t in tensors])
+        if not self.accumulator.reduce_values(flat.numpy()):
+            return None
+        return [part.view(t.shape).to(t.device) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+    def merge_moments(self, norm: RunningNorm, x: torch.Tensor) -> bool:
+        """``norm`` takes in the samples ``x`` of the group's learners (this learner's alone
+        outside a group); False, with ``norm`` unchanged, where the group changed meanwhile."""
+        n, total, square = norm.moments(x)
+        summed = self.group_sum(torch.tensor(float(n), dtype=torch.float64), total, square)
+        if summed is None:
+            return False
+        norm.merge(round(float(summed[0])), summed[1], summed[2])
         return True
 
     @property

@@ -98,12 +98,15 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
         """Merge the moments of ``x`` ``[..., *shape]`` (every leading dimension is samples)."""
+        self.merge(*self.moments(x))
+
+    @torch.no_grad()
+    def moments(self, x: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """The samples of ``x`` ``[..., *shape]``: how many, their sum and their sum of squares
+        (float64, ``shape``), what ``merge`` takes (a group's learners sum them first)."""
         if tuple(x.shape[x.dim() - len(self.shape) :]) != self.shape:
             raise ValueError(f"RunningNorm of shape {self.shape}: got a batch of shape {tuple(x.shape)}")
         flat = x.reshape(-1, *self.shape)
-        n, seen = flat.shape[0], int(self.count)
-        if n == 0:
-            return
         # the batch's moments from sums over chunks of rows: a batch of frames as floats at once would take
         # gigabytes (8192 stacks of 4x84x84)
         total_sum = torch.zeros(self.shape, dtype=torch.float64, device=flat.device)
@@ -112,6 +115,14 @@ class RunningNorm(nn.Module):
             chunk = chunk.to(torch.float32)
             total_sum += chunk.sum(0)
             total_square += chunk.square().sum(0)  # not in place: a float32 chunk is the caller's own rows
+        return flat.shape[0], total_sum, total_square
+
+    @torch.no_grad()
+    def merge(self, n: int, total_sum: torch.Tensor, total_square: torch.Tensor) -> None:
+        """Merge the moments of ``n`` samples, given as their sum and sum of squares (``moments``)."""
+        seen = int(self.count)
+        if n == 0:
+            return
         mean = total_sum / n
         var = (total_square / n - mean.square()).clamp_(min=0.0)
         total = seen + n

@@ -94,7 +94,7 @@ def test_atari_defaults_to_appo_with_rl_games_settings_and_impala_keeps_its_own(
 
     assert "--total-frames 10_000_000" in advice(pong) and "--model deep" in advice(impala)  # after a smoke test
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
-    peers = train.parse_args(["--peers", "127.0.0.1:5555"])  # a group averages one step per batch
+    peers = train.parse_args(["--peers", "127.0.0.1:5555"])  # IMPALA until APPO is shown to learn across hosts
     assert (peers.algo, peers.learning_rate, peers.normalize_input) == ("impala", 6e-4, False)
 
 
@@ -351,16 +351,25 @@ def test_a_kl_target_is_checked_and_reaches_the_learner(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_normalize_input_builds_a_model_with_input_statistics_and_is_refused_with_peers(capsys):
+def test_normalize_input_builds_a_model_with_input_statistics():
     job = train.resolve(train.parse_args(["--normalize-input"]))
     assert job.model.normalize_input and train.build_model(job, (4, 84, 84), 6).torso.obs_norm is not None
     assert (
         train.build_model(train.resolve(train.parse_args(["--algo", "impala"])), (4, 84, 84), 6).torso.obs_norm is None
     )
-    with pytest.raises(SystemExit):
-        train.parse_args(["--normalize-input", "--peers", "127.0.0.1:5555"])
-    assert "--normalize-input keeps input statistics per learner" in capsys.readouterr().err
     assert "normalize_input" in train.IDENTITY  # a checkpoint holds the statistics or not: resume only alike
+
+
+def test_a_group_runs_appo_and_input_statistics_but_no_virtual_batch_with_appo(monkeypatch, capsys):
+    monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
+    impala = train.resolve(train.parse_args(["--normalize-input", "--peers", "127.0.0.1:5555"]))
+    assert (impala.learner.algo, impala.model.normalize_input) == ("impala", True)
+    appo = train.resolve(train.parse_args(["--algo", "appo", "--peers", "127.0.0.1:5555"]))
+    assert (appo.learner.algo, appo.learner.minibatches, appo.learner.kl_target) == ("appo", 4, 0.01)
+    assert appo.model.normalize_input  # rl_games' recipe, as on one host
+    with pytest.raises(SystemExit):
+        train.parse_args(["--algo", "appo", "--peers", "127.0.0.1:5555", "--virtual-batch-size", "64"])
+    assert "--virtual-batch-size (64) would sum several reductions into one step" in capsys.readouterr().err
 
 
 def test_cuda_graph_reaches_the_actors_and_is_refused_without_a_gpu(capsys):

@@ -105,8 +105,9 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
 
 FAMILY_ALGO = {"atari": "appo", "classic_control": "impala", "other": "impala"}
 """each env family's algorithm. APPO with rl_games' settings learns Pong per frame where IMPALA's
-did not (``RL_GAMES_ATARI``). A group (--peers) averages one step per batch, so with --peers
-every family runs IMPALA."""
+did not (``RL_GAMES_ATARI``). With --peers every family's default stays IMPALA until APPO is
+shown to learn across hosts; ``--algo appo --peers ...`` runs APPO in the group, each
+minibatch step one reduction of the group's gradients (``learners.appo``)."""
 
 
 def algo_for(family: str, algo: str | None, peers: bool = False) -> str:

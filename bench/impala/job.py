@@ -120,7 +120,7 @@ def configs(args: Any, plan: Plan | None = None) -> tuple[EnvConfig, ModelConfig
     )
     learner.check(use_lstm=model.use_lstm, normalize_value=model.normalize_value, unroll_length=args.unroll_length)
     if args.peers:
-        learner.check_group(normalize_input=model.normalize_input)
+        learner.check_group(virtual_batch_size=args.virtual_batch_size)
     return env, model, learner
 
 

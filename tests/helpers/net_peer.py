@@ -3,6 +3,16 @@ small model on data of its own and prints one JSON line per event on stdout.
 
     python tests/helpers/net_peer.py BROKER GROUP NAME [--width W] [--pace S] [--virtual-batch-size N] [--backend B]
                                      [--grads-before-ready]
+    python tests/helpers/net_peer.py BROKER GROUP NAME --algo appo [--min-size N] [--stop-after S] [--join-on-cue]
+                                     [--backend B]
+
+``--algo appo``: a ``learners.Learner`` running APPO (``tests/helpers/appo_group.py``'s
+setting) in the group, each minibatch step one reduction; its step lines also say which
+minibatch of its batch the step was (``minibatch``, from 0) and the KL-adapted factor of the
+rate before the step (``factor``, also in the hash, as the input and value statistics are:
+they are buffers of the model). ``--stop-after S``: the peer stops itself (SIGSTOP) once it
+has printed its ``S``-th step, for a test to kill it there. ``--join-on-cue``: the peer gets
+ready (imports, model) but joins the group only when a line arrives on its stdin.
 
 Lines: ``{"event": "step", "version", "lineage", "discarded", "hash", "size", "abandoned", "refused", "computed_at",
 "contributed", "key", "plane"}`` after each optimiser step (hash: SHA-256 of every parameter,
@@ -22,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -33,8 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from shmpad.net.accumulator import Accumulator  # noqa: E402
 
 
-def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
-    h = hashlib.sha256()
+def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer, more: str = "") -> str:
+    h = hashlib.sha256(more.encode())
     for t in model.state_dict().values():
         h.update(t.detach().numpy().tobytes())
     for state in optimizer.state.values():
@@ -60,6 +71,10 @@ def main() -> None:
     parser.add_argument("--backend", default="shmpad")
     parser.add_argument("--op-timeout", type=float, default=20.0)
     parser.add_argument("--grads-before-ready", action="store_true")
+    parser.add_argument("--algo", choices=("raw", "appo"), default="raw")
+    parser.add_argument("--min-size", type=int, default=1)
+    parser.add_argument("--stop-after", type=int, default=0)
+    parser.add_argument("--join-on-cue", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(relativeCreated)d [{args.name}] %(message)s")
     torch.set_num_threads(1)
@@ -69,8 +84,18 @@ def main() -> None:
     model.register_buffer("seen", torch.zeros(1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(sum(args.name.encode()) * 7919)
-    stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    stop, cue = threading.Event(), threading.Event()
+
+    def read_stdin() -> None:
+        for _ in sys.stdin:
+            cue.set()
+        cue.set()
+        stop.set()
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    if args.algo == "appo":
+        run_appo(args, stop, cue)
+        return
     acc = Accumulator(
         model,
         optimizer,
@@ -135,6 +160,82 @@ def main() -> None:
                     plane=acc.plane,
                 )
             computed_at = None
+            time.sleep(args.pace)
+    finally:
+        acc.close()
+
+
+def run_appo(args: argparse.Namespace, stop: threading.Event, cue: threading.Event) -> None:
+    """A learner running APPO in the group until ``stop``: batches of its own (seeded by its
+    name), a step line after every minibatch step."""
+    import appo_group  # tests/helpers/, this script's folder
+
+    from learners.learner import Learner
+
+    class Member(Learner):
+        def optimizer_step(self, columns: int = 0, extra: torch.Tensor | None = None) -> bool:
+            acc = self.accumulator
+            emit(event="reduce", name=args.name, version=acc.version)
+            factor = self.schedule.factor
+            refused = acc.refused
+            stepped = super().optimizer_step(columns, extra)
+            self.minibatch += 1
+            if not stepped:
+                note_held()
+                return False
+            held[:] = [acc.version, acc.lineage]
+            emit(
+                event="step",
+                name=args.name,
+                version=acc.version,
+                lineage=acc.lineage,
+                discarded=acc.discarded,
+                hash=state_hash(self.model, self.optimizer, repr(factor)),
+                size=acc.size,
+                abandoned=acc.abandoned,
+                refused=acc.refused,
+                computed_at=acc.version - 1,
+                contributed=acc.refused == refused,
+                key=acc.ring_key,
+                plane=acc.plane,
+                minibatch=self.minibatch - 1,
+                factor=factor,
+            )
+            self.steps_printed += 1
+            if self.steps_printed == args.stop_after:
+                os.kill(os.getpid(), signal.SIGSTOP)  # the test kills it here, mid-batch
+            return True
+
+    learner = appo_group.learner(appo_group.model(sum(args.name.encode())), appo_group.config(), Member)
+    learner.minibatch = learner.steps_printed = 0
+    if args.join_on_cue:
+        cue.wait()
+    learner.join_group(
+        args.broker,
+        args.group,
+        name=args.name,
+        host=args.host,
+        op_timeout=args.op_timeout,
+        backend=args.backend,
+        min_size=args.min_size,
+    )
+    acc = learner.accumulator
+    held = [acc.version, acc.lineage]
+
+    def note_held() -> None:
+        if [acc.version, acc.lineage] != held:
+            held[:] = [acc.version, acc.lineage]
+            emit(event="held", name=args.name, version=acc.version, lineage=acc.lineage, discarded=acc.discarded)
+
+    seed = sum(args.name.encode()) * 7919
+    try:
+        while not stop.is_set():
+            if not acc.ready(timeout=0.5):
+                continue
+            note_held()
+            learner.minibatch = 0
+            learner.update(appo_group.batch(seed))
+            seed += 1
             time.sleep(args.pace)
     finally:
         acc.close()
