@@ -10,19 +10,24 @@ reduction of the members' gradients, and what steers the steps is the group's.
   is SIGKILLed leaves the others going, a member that joins later receives the group's state,
   the members stay at the same minibatch of their batches at every step, and
   ``assert_identical`` holds.
+- The job: two ``python -m bench.impala --algo appo --normalize-input --peers ...`` runs on
+  CartPole end with the same weights, input statistics and adapted rate.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 import torch
-from helpers import appo_group
+from helpers import appo_group, kill_and_reap, start_session, track_pid
+from helpers.net_procs import ROOT, TOKEN, Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 from helpers.net_procs import Broker as BrokerProcess
-from helpers.net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
 
 from learners.schedule import KLAdaptive
 from shmpad.net import Broker
@@ -166,3 +171,37 @@ def test_a_member_killed_mid_batch_leaves_the_group_going_and_a_joiner_takes_its
         after = [s["minibatch"] for s in p.steps_with(3, after=joined)]
         assert after[: 2 * steps] == list(range(steps)) * 2, f"{p.name}: {after}"
     assert {s["plane"] for p in [*survivors, late] for s in p.steps} == {backend}
+
+
+@pytest.mark.slow
+def test_two_hosts_of_the_job_train_one_model_with_appo(tmp_path, procs):
+    broker = BrokerProcess()
+    procs.append(broker)
+    runs = []
+    for i in range(2):
+        args = ["--env", "CartPole-v1", "--model", "mlp", "--total-frames", "10000", "--num-workers", "1"]
+        args += ["--envs-per-worker", "8", "--batch-size", "16", "--out", str(tmp_path / f"h{i}")]
+        args += ["--launch-type", "test_mp", "--peers", broker.address, "--min-peers", "2", "--seed", str(i)]
+        args += ["--algo", "appo", "--epochs", "2", "--minibatches", "2", "--kl-target", "0.01", "--normalize-input"]
+        proc = start_session(
+            [sys.executable, "-m", "bench.impala", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SHMPAD_TOKEN": TOKEN},
+            cwd=ROOT,
+        )
+        track_pid(proc.pid)
+        runs.append(proc)
+    try:
+        outs = [proc.communicate(timeout=240)[0].decode() for proc in runs]
+    finally:
+        for proc in runs:
+            kill_and_reap(proc)
+    for proc, out in zip(runs, outs):
+        assert proc.returncode == 0 and "group 2" in out, out[-3000:]
+    a, b = (torch.load(tmp_path / f"h{i}" / "checkpoint.pt", weights_only=False) for i in range(2))
+    assert a["steps"] == b["steps"] > 0 and int(a["model"]["torso.obs_norm.count"]) > 0
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), f"{k} differs between the two hosts"
+    assert a["scheduler"]["lr_lambdas"] == b["scheduler"]["lr_lambdas"]  # KLAdaptive's factor
+    assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
