@@ -1,5 +1,6 @@
 """``python -m bench.elastic``'s mechanics, not its speed: the figures it derives from
-the learners' events, and one tiny run of two learners through a stop and a kill."""
+the learners' events, one tiny run of two learners through a stop and a kill, and the job's
+learner (``--restart job``) killed and started again as a new interpreter."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import time
 
 import pytest
 
+from bench.elastic import __main__ as cli
 from bench.elastic import group
 from bench.elastic.group import Arm, Fault, run_arm
-from bench.elastic.report import figures, table
+from bench.elastic.report import figures, stage_seconds, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,7 +96,12 @@ def test_a_tiny_run_goes_through_a_stop_and_a_kill():
     assert [a["round"] for a in (clean, faulty)] == [1, 1]
     assert (clean["faults_on"], clean["faults"], faulty["faults_on"]) == (False, [], True)
     kept = [faulty["steps_per_s"] / clean["steps_per_s"]]
-    assert summary == {"backend": "shmpad", "kept_median": pytest.approx(kept[0]), "kept": pytest.approx(kept)}
+    assert summary == {
+        "backend": "shmpad",
+        "restart": "fork",
+        "kept_median": pytest.approx(kept[0]),
+        "kept": pytest.approx(kept),
+    }
     # every version two learners reached holds the same weights on both, apart from partial steps: one
     # learner's completion of a reduction another member of its ring abandoned (a change of the group came
     # while its last messages were on their way); they are counted, and the next sync replaces them
@@ -133,7 +140,7 @@ def test_an_arm_stops_as_soon_as_it_is_aborted():
             )  # fmt: skip
     finally:
         timer.cancel()
-    assert time.monotonic() - t0 < group.START_S + 60  # hang guard: unaborted, the arm trains for 600 s
+    assert time.monotonic() - t0 < group.START_S["fork"] + 60  # hang guard: unaborted, the arm trains for 600 s
 
 
 def test_when_one_side_by_side_arm_fails_the_other_is_stopped_and_the_failure_raised(monkeypatch):
@@ -177,3 +184,83 @@ def _bench_elastic(argv: list[str]) -> subprocess.CompletedProcess:
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return done
+
+
+TINY_JOB = ("--env", "CartPole-v1", "--batch-size", "4", "--unroll-length", "5")
+"""the job's learner on something tiny: CartPole's MLP, IMPALA's update (the plan compiles only
+convolutional models)"""
+
+
+@pytest.mark.slow
+def test_a_killed_job_learner_comes_back_as_a_new_interpreter_with_the_groups_state():
+    # a kill 1 s after the group's first step; the arm goes on after its 2 s until the killed learner is back
+    # (recover_s: a hang guard)
+    arm = run_arm(
+        "shmpad", peers=2, seconds=2.0, interval=1.0, kinds=("kill",), faults_on=True, width=8, batch=4, stop_s=1.0,
+        seed=0, restart="job", job=TINY_JOB, threads=1, recover_s=300.0,
+    )  # fmt: skip
+    (kill,) = arm.faults
+    events = arm.events[kill.victim]
+    ups = [e for e in events if e["e"] == "up"]
+    assert len(ups) == 2 and len({ups[0]["pid"], ups[1]["pid"], os.getpid()}) == 3, ups
+    for up in ups:  # each interpreter was started on the job learner's module, not forked from another process
+        assert up["argv"][:4] == [sys.executable, "-m", "bench.elastic.job_learner", kill.victim], up
+    after = [e for e in events if e["t"] > kill.restarted]
+    assert [e["e"] for e in after if e["e"] != "step"][:5] == ["up", "built", "joined", "synced", "compiled"]
+    first = next(e for e in after if e["e"] == "step")
+    # its first step is the group's: in a group of 2, its own gradients averaged in (none refused), from the
+    # version the survivor had reached without it, to the same weights as the survivor's at that version
+    assert first["n"] == 2 and first["r"] == 0 and first["v"] > 1, first
+    survivor = next(name for name in arm.events if name != kill.victim)
+    same = [e for e in arm.events[survivor] if e["e"] == "step" and e["v"] == first["v"]]
+    assert [(e["n"], e["d"]) for e in same] == [(2, first["d"])]
+    fig = figures(arm, warmup=0.0)
+    (f,) = fig.faults
+    assert fig.restart == "job" and fig.steps_per_s > 0 and fig.versions_differing == 0, fig
+    assert 0 < f.started_s < f.built_s < f.joined_s < f.synced_s <= f.compiled_s <= f.rejoined_s, f
+    stages = stage_seconds(f)
+    assert all(v is not None and v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(
+        f.rejoined_s
+    )
+    assert "interpreter and imports" in table(None, fig)[1]
+
+
+def test_the_report_of_job_restarts_names_the_kind_and_both_arms(monkeypatch, capsys):
+    def fake_arms(backend, *, restart, batch, peers, **settings):
+        assert (restart, batch, peers) == ("job", 4, 2)  # the job's --batch-size
+        arms = []
+        for faults_on, last in ((False, 10), (True, 8)):
+            arm = Arm(backend, faults_on, peers, batch, started=100.0, ended=110.0, restart=restart)
+            arm.events = {n: [step(100.0 + v, v, 2, "k1") for v in range(1, last + 1)] for n in ("a", "b")}
+            arms.append(arm)
+        return tuple(arms)
+
+    monkeypatch.setattr(cli, "run_arms_together", fake_arms)
+    job = "--env CartPole-v1 --batch-size 4 --unroll-length 5"
+    assert cli.main(["--restart", "job", f"--job={job}", "--peers", "2", "--backends", "gloo", "--rounds", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("bench.elastic: restarts job: a new interpreter running the job's learner")
+    assert "CartPole-v1 job's learner (mlp model" in lines[0] and "IMPALA update, T=5 B=4" in lines[0]
+    assert lines[2].startswith("gloo    job     clean") and lines[3].startswith("gloo    job     faults")
+    # 6 versions first seen in [105, 110] (the warm-up's 5 s left out) in the clean arm, 4 in the faults arm's
+    assert lines[-1].startswith("gloo, restarts job (a new interpreter running the job's learner")
+    assert "kept 66.7% of the clean steps/s, the median of 1 round (66.7%)" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--restart", "jobs"], "--restart takes a comma-separated list of fork, exec, job, got 'jobs'"),
+        (["--restart", "fork,fork"], "--restart takes a comma-separated list of fork, exec, job, got 'fork,fork'"),
+        (["--job=--model deep"], "--job gives the job's flags to --restart job, got --restart 'fork'"),
+        (
+            ["--restart", "job", "--job=--peers 10.0.0.1:4431"],
+            "the benchmark sets --peers itself, got --job '--peers 10.0.0.1:4431'",
+        ),
+        (["--restart", "job", "--job=--model nope"], "argument --model: invalid choice: 'nope'"),
+    ],
+)
+def test_a_bad_restart_option_is_refused_naming_its_value(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

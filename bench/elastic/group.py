@@ -1,14 +1,19 @@
 """One arm of ``bench.elastic``: a broker in this process, N learner processes, and the
 fault injector, with every learner's events collected as they come.
 
-A learner is started (and restarted) one of two ways, ``restart``:
+A learner is started (and restarted) one of three ways, ``restart``:
 
 - ``"fork"``: a child of a fork server (``multiprocessing``'s ``forkserver``) that has
   imported torch and the learner once, as a supervisor with a warm parent restarts a
   worker (shmpad's launcher forks its nodes the same way). The join, the ring and the
-  state sync count in its rejoin time; Python and ``import torch`` do not.
+  state sync count in its rejoin time; Python and ``import torch`` do not. The learner
+  is ``bench.elastic.learner``'s MLP.
 - ``"exec"``: ``python -m bench.elastic.learner``, a fresh interpreter: Python and
   ``import torch`` count too.
+- ``"job"``: ``python -m bench.elastic.job_learner``, a fresh interpreter running the
+  Pong job's learner (``bench.impala``'s settings, model, ``Learner`` and ``join_group``,
+  compiled as the job's plan says; synthetic batches): Python, the job's imports, the
+  model, the compiling and the join all count.
 
 Everything runs in this process's main thread: it reads the learners' pipes
 with a selector and, ``interval`` seconds after the whole group's first step and after
@@ -20,7 +25,9 @@ a group of all of them), picks a member at random and faults it:
   finds itself dropped, rejoins and is brought level (what it held is refused).
 
 No fault comes in the last ``interval / 2`` seconds of the arm, so that each one's
-recovery is seen.
+recovery is seen, and a faults arm goes on after its end (uncounted) until its group is
+whole again, at most ``recover_s`` seconds (``RECOVER_S``: a job learner's way back can take
+longer than the arm has left).
 
 The broker uses the command line's defaults (``shmpad.net.broker.HEARTBEAT_S`` ...).
 """
@@ -44,7 +51,13 @@ from dataclasses import dataclass, field
 from bench.elastic.learner import TOKEN, Settings, forked
 from shmpad.net.broker import HEARTBEAT_S, SETTLE_S, TIMEOUT_S, Broker
 
-START_S = 120.0  # for the whole group's first step (N fresh processes importing torch on a busy box)
+START_S = {"fork": 120.0, "exec": 120.0, "job": 900.0}
+"""hang guards for the whole group's first step, by ``restart``: N fresh processes importing torch on a busy
+box; for ``job``, each also builds the job's learner and compiles its loss (8 at once on 2 cores)"""
+
+
+RECOVER_S = {"fork": 10.0, "exec": 120.0, "job": 600.0}
+"""how long a faults arm waits after its end for the last fault's way back, by ``restart``: a hang guard"""
 
 
 class RunFailed(Exception):
@@ -75,6 +88,7 @@ class Arm:
     ended: float = 0.0
     events: dict[str, list[dict]] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
+    restart: str = "fork"  # how its learners start and restart (run_arm's restart)
 
 
 class _Learner:
@@ -113,12 +127,10 @@ class _Learner:
 
 
 class _Exec(_Learner):
-    """``python -m bench.elastic.learner``: a new interpreter that imports torch itself."""
+    """A new interpreter running ``argv`` (``exec_argv``, ``job_argv``), its stdin the control
+    stream, its stdout the events."""
 
-    def __init__(self, name: str, settings: Settings, parent: int) -> None:
-        argv = [sys.executable, "-m", "bench.elastic.learner", settings.broker, name, str(parent)]
-        argv += ["--peers", str(settings.peers), "--backend", settings.backend, "--width", str(settings.width)]
-        argv += ["--batch", str(settings.batch), "--lifetime", str(settings.lifetime)]
+    def __init__(self, name: str, argv: list[str]) -> None:
         env = {**os.environ, "SHMPAD_TOKEN": TOKEN}
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
@@ -148,6 +160,21 @@ class _Exec(_Learner):
                 stream.close()
             except OSError:
                 pass
+
+
+def exec_argv(settings: Settings, parent: int) -> list[str]:
+    """``python -m bench.elastic.learner``: the MLP learner in a new interpreter that imports torch itself."""
+    argv = [sys.executable, "-m", "bench.elastic.learner", settings.broker, settings.name, str(parent)]
+    argv += ["--peers", str(settings.peers), "--backend", settings.backend, "--width", str(settings.width)]
+    return argv + ["--batch", str(settings.batch), "--lifetime", str(settings.lifetime)]
+
+
+def job_argv(settings: Settings, parent: int, job: tuple[str, ...], threads: int) -> list[str]:
+    """``python -m bench.elastic.job_learner``: the job's learner (``job``: its flags) in a new interpreter."""
+    from bench.elastic.job_learner import group_argv  # the job's modules stay out of the fork server
+
+    argv = [sys.executable, "-m", "bench.elastic.job_learner", settings.name, str(parent), str(settings.lifetime)]
+    return argv + group_argv(list(job), settings.broker, settings.peers, settings.backend, threads)
 
 
 class _Forked(_Learner):
@@ -213,22 +240,36 @@ def run_arm(
     stop_s: float,
     seed: int,
     restart: str = "fork",
+    job: tuple[str, ...] = (),
+    threads: int = 1,
+    recover_s: float = 0.0,
     abort: threading.Event | None = None,
 ) -> Arm:
     """Train ``seconds`` from the group's first step; fault a member every ``interval``
     seconds if ``faults_on`` (``kinds`` in turn). ``restart``: how learners start,
-    ``"fork"`` or ``"exec"``. Once ``abort`` is set the arm ends its learners and raises
-    ``Aborted`` within half a second."""
-    arm = Arm(backend, faults_on, peers, batch)
+    ``"fork"``, ``"exec"`` or ``"job"`` (``job``: the job's flags, ``threads``: its learner's
+    torch threads unless they say; ``batch`` is then the job's, for samples/s). After its
+    ``seconds``, a faults arm goes on until the group is whole again, at most ``recover_s``
+    seconds: the last fault's way back is then seen even where it takes longer than the
+    arm has left (those seconds count in no rate). Once ``abort`` is set the arm ends its
+    learners and raises ``Aborted`` within half a second."""
+    arm = Arm(backend, faults_on, peers, batch, restart=restart)
     rng = random.Random(seed)
     broker = Broker(port=0, token=TOKEN, heartbeat_s=HEARTBEAT_S, timeout_s=TIMEOUT_S, settle_s=SETTLE_S)
     learners: dict[str, _Learner] = {}
     selector = selectors.DefaultSelector()
-    settings = Settings(broker.address, "", peers, backend, width, batch, lifetime=START_S + seconds + 60)
+    start_s = START_S[restart]
+    settings = Settings(broker.address, "", peers, backend, width, batch, lifetime=start_s + seconds + recover_s + 60)
 
     def start(name: str) -> None:
         named = dataclasses.replace(settings, name=name)
-        learner = learners[name] = _Forked(name, named) if restart == "fork" else _Exec(name, named, os.getpid())
+        if restart == "fork":
+            learner: _Learner = _Forked(name, named)
+        elif restart == "exec":
+            learner = _Exec(name, exec_argv(named, os.getpid()))
+        else:
+            learner = _Exec(name, job_argv(named, os.getpid(), job, threads))
+        learners[name] = learner
         arm.events.setdefault(name, [])
         selector.register(learner.events, selectors.EVENT_READ, (learner, "out"))
         selector.register(learner.errors, selectors.EVENT_READ, (learner, "err"))
@@ -269,10 +310,10 @@ def run_arm(
     try:
         for i in range(peers):
             start(f"learner{i}")
-        deadline = time.monotonic() + START_S
+        deadline = time.monotonic() + start_s
         while not all(any(e["e"] == "step" and e["n"] == peers for e in arm.events[n]) for n in learners):
             if time.monotonic() > deadline:
-                raise RunFailed(f"the group of {peers} did not take its first step within {START_S} s")
+                raise RunFailed(f"the group of {peers} did not take its first step within {start_s:g} s")
             pump(time.monotonic() + 0.2)
         arm.started = max(next(e["t"] for e in arm.events[n] if e["e"] == "step") for n in learners)
         arm.ended = arm.started + seconds
@@ -306,6 +347,9 @@ def run_arm(
                 fault.restarted = time.monotonic()
             due = fault.t + interval
         pump(arm.ended)
+        back = time.monotonic() + (recover_s if faults_on else 0.0)
+        while time.monotonic() < back and not _whole(arm, learners, peers):
+            pump(time.monotonic() + 0.1)  # the last fault's way back, after the counted seconds
         pump(time.monotonic() + 0.5)  # lines written just before the end
         return arm
     finally:
@@ -320,7 +364,8 @@ def run_arms_together(backend: str, **settings) -> tuple[Arm, Arm]:
     speed does while they run (other tenants, clock changes) falls on both alike.
     ``settings`` are ``run_arm``'s, less ``faults_on`` and ``abort``. Returns ``(clean, faulty)``;
     when one arm fails the other is stopped at once and the failure raised."""
-    _fork_server()  # once, before two threads start learners
+    if settings.get("restart", "fork") == "fork":
+        _fork_server()  # once, before two threads start learners
     arms: dict[bool, Arm] = {}
     failures: list[BaseException] = []
     abort = threading.Event()

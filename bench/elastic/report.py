@@ -14,6 +14,13 @@
   after it woke, before it stepped in the group again, that were abandoned, refused, or
   completed only in the ring it had been dropped from (partial, below): none of them
   averaged into the group's weights.
+- per kill of a job learner (``--restart job``), the new process's way back, each from the
+  restart: ``started_s`` (its ``up``: the interpreter up with the job imported),
+  ``built_s`` (the job's settings, environment spec, model and ``Learner`` built),
+  ``joined_s`` (it asked the broker to join), ``synced_s`` (its first ring formed, the
+  group's state loaded), ``compiled_s`` (its first loss and gradients done: where the job
+  compiles, the compiling), then ``rejoined_s``. From ``synced_s`` on the group waits for it:
+  the survivors' next reduction is in the ring with it.
 - identical: for every version more than one learner reached, the digests of their
   weights after that step agree. A step is left out of that comparison, and counted as
   ``partial``, when another member of the ring it was taken in (``g``) abandoned the
@@ -43,11 +50,16 @@ class FaultFigures:
     rejoined_s: float | None
     started_s: float | None  # kill faults: of rejoined_s, until the new process was up (Python, torch imported)
     stale: int | None  # stop faults only
+    built_s: float | None = None  # kill faults of job learners (--restart job): of rejoined_s, until each stage
+    joined_s: float | None = None
+    synced_s: float | None = None
+    compiled_s: float | None = None
 
 
 @dataclass
 class ArmFigures:
     backend: str
+    restart: str  # how its learners start and restart: fork, exec or job
     faults_on: bool
     peers: int
     seconds: float  # the window the rates are over
@@ -91,6 +103,7 @@ def figures(arm: Arm, warmup: float, window: tuple[float, float] | None = None) 
     compared = [v for v, n in reporters.items() if n > 1]
     return ArmFigures(
         backend=arm.backend,
+        restart=arm.restart,
         faults_on=arm.faults_on,
         peers=arm.peers,
         seconds=round(seconds, 3),
@@ -143,10 +156,11 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]], until
         until,
         lambda e: e["e"] == "step" and e["n"] == arm.peers and e.get("g") != old_ring and not _partial(e, abandoned),
     )
-    started = None
+    stages: dict[str, float | None] = {}
     if fault.kind == "kill":
-        up = first(fault.victim, restart, back, lambda e: e["e"] == "up")
-        started = None if up is None else round(up - restart, 3)
+        for stage in ("up", *JOB_STAGES):
+            at = first(fault.victim, restart, back, lambda e, stage=stage: e["e"] == stage)
+            stages[stage] = None if at is None else round(at - restart, 3)
     stale = None
     if fault.kind == "stop":
         last = back if back is not None else until
@@ -165,8 +179,9 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]], until
         detected_s=_since(fault.t, stopped),
         survived_s=_since(fault.t, stepped),
         rejoined_s=None if back is None else round(back - restart, 3),
-        started_s=started,
+        started_s=stages.get("up"),
         stale=stale,
+        **{f"{stage}_s": stages.get(stage) for stage in JOB_STAGES},
     )
 
 
@@ -190,12 +205,15 @@ def table(clean: ArmFigures | None, faulty: ArmFigures | None) -> list[str]:
         if fig.partial:
             same += f", {fig.partial} partial ({fig.partial_differing} differ)"
         lines.append(
-            f"{fig.backend:7} {'faults' if fig.faults_on else 'clean':7} {fig.steps_per_s:8.1f} {fig.samples_per_s:10.0f}"
+            f"{fig.backend:7} {fig.restart:7} {'faults' if fig.faults_on else 'clean':7} {fig.steps_per_s:8.2f} "
+            f"{fig.samples_per_s:10.1f}"
             f" {kept:>7} {len(fig.faults):6}  {same} ({fig.versions_compared} versions compared)"
         )
     if faulty is not None:
         for f in faulty.faults:
             extra = "" if f.started_s is None else f" (the new process up after {_s(f.started_s)})"
+            if faulty.restart == "job" and f.kind == "kill":
+                extra = f" ({_stages(f)})"
             if f.stale is not None:
                 extra = f", stale reductions not averaged in: {f.stale}"
             survived = _s(f.survived_s)
@@ -208,7 +226,35 @@ def table(clean: ArmFigures | None, faulty: ArmFigures | None) -> list[str]:
     return lines
 
 
-HEADER = "backend arm      steps/s  samples/s    kept faults  weights identical after every step"
+HEADER = "backend restart arm      steps/s  samples/s    kept faults  weights identical after every step"
+
+JOB_STAGES = ("built", "joined", "synced", "compiled")
+"""the events a job learner (``bench.elastic.job_learner``) reports on its way into the group, after ``up``"""
+
+STAGE_WORDS = {
+    "started_s": "interpreter and imports",
+    "built_s": "settings, env spec, model and Learner",
+    "joined_s": "join",
+    "synced_s": "ring and the group's state",
+    "compiled_s": "first loss and gradients (compiling)",
+    "rejoined_s": "first step in the group",
+}
+"""what each stage of a job learner's way back is, from the end of the one before"""
+
+
+def stage_seconds(f: FaultFigures) -> dict[str, float | None]:
+    """Each stage of a killed job learner's way back (``STAGE_WORDS``), in seconds from the previous one."""
+    out: dict[str, float | None] = {}
+    before: float | None = 0.0
+    for name in STAGE_WORDS:
+        at = getattr(f, name)
+        out[name] = None if at is None or before is None else round(at - before, 3)
+        before = at
+    return out
+
+
+def _stages(f: FaultFigures) -> str:
+    return ", ".join(f"{STAGE_WORDS[k]} {_s(v)}" for k, v in stage_seconds(f).items())
 
 
 def _s(value: float | None) -> str:
