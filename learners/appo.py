@@ -16,9 +16,9 @@ group's gradients, each member's from its own minibatch, and what steers the ste
 or averaged over the members first: the value statistics take in every member's ``vs``, each
 minibatch's advantages are normalised by the mean and deviation of the members' minibatches
 together, and the KL that adapts the rate is the members' mean (reduced with the gradients).
-So with members of equal batches the group takes the steps of one learner whose minibatch is
-the union of theirs (the same to float rounding: sums run in another order), the KL-adapted
-rate included. A member whose reduction the group abandons (a member left or joined) takes
+So with members of equal batches and the loss's mean reduction, the group takes the steps of
+one learner whose minibatch is the union of theirs (the same to float rounding: sums run in
+another order), the KL-adapted rate included. A member whose reduction the group abandons (a member left or joined) takes
 no further step of that batch (``update`` returns None), so that every member starts the
 next batch, in the next ring, at its first reduction.
 """

@@ -24,7 +24,9 @@ gradients, each member's from its own batch (APPO: its own minibatch), and what 
 steps is the group's: the input statistics (``RunningNorm``, summed over the members' batches
 before each batch's loss), APPO's value statistics and minibatch advantage statistics, and the
 KL that adapts the learning rate (averaged with each minibatch's gradients). Members with
-equal batches thus take the steps one learner would take on the union of their batches. Every
+equal batches thus take the steps one learner would take on the union of their batches, where
+the loss is a mean (``reduction="mean"``, the default: with "sum", the union's gradient is the
+group's times the number of members). Every
 member makes the same reductions in the same order, batch by batch; where the group changes
 during a batch (a reduction is abandoned), the member gives up the rest of that batch: the steps
 it took stay, the schedule does not advance, and the next batch starts, after ``ready()``, in
@@ -179,7 +181,7 @@ class Learner:
 
     def step(self, timeout: float | None = None) -> ImpalaLoss | None:
         """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``): its
-        loss, or None for a batch that a group change cut short (APPO), or came before the loss of."""
+        loss, or None where a change of the group cut the batch short (module docstring)."""
         t0 = time.perf_counter()
         if self.accumulator is not None:
             version = self.accumulator.version
