@@ -462,6 +462,8 @@ def test_argument_errors():
         portal.Client(1.5)
     with pytest.raises(TypeError, match="Client got an unknown option 'max_queue'; its options are ipv6"):
         portal.Client(1234, max_queue=4)
+    with pytest.raises(ValueError, match="Client cannot honour keepalive_after=1: a server on this host"):
+        portal.Client(1234, keepalive_after=1)
     with pytest.raises(TypeError, match="Server option max_msg_size must be int, got str"):
         portal.Server(1234, max_msg_size="1G")
     with pytest.raises(ValueError, match="maxinflight must be >= 1, got 0"):

@@ -100,34 +100,30 @@ def test_too_many_messages_waiting_is_portals_error():
     server.close()
 
 
-def _serve_one(port, queue):
+def _echo_one(port):
     server = portal.ServerSocket(port, logging=False)
     addr, data = server.recv()
-    queue.put(bytes(data))
-    server.send(addr, b"ok")
+    server.send(addr, b"got ", data)
     threading.Event().wait()
 
 
 def test_a_sigkilled_server_is_seen_and_a_new_one_reached():
     port = portal.free_port()
-    queue = portal.context.mp.Queue()
-    proc = portal.Process(_serve_one, port, queue, start=True)
+    proc = portal.Process(_echo_one, port, start=True)
     client = portal.ClientSocket(port, autoconn=False, logging=False)
     assert client.connect(timeout=HANG_S)
     client.send(b"first")
-    assert queue.get(timeout=HANG_S) == b"first"
-    assert bytes(client.recv(timeout=HANG_S)) == b"ok"
+    assert bytes(client.recv(timeout=HANG_S)) == b"got first"
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.join(HANG_S).exitcode == -signal.SIGKILL
     with pytest.raises(portal.Disconnected):
         client.recv(timeout=HANG_S)
     with pytest.raises(portal.Disconnected):
         client.send(b"lost")
-    proc = portal.Process(_serve_one, port, queue, start=True)
+    proc = portal.Process(_echo_one, port, start=True)
     assert client.connect(timeout=HANG_S)
     client.send(b"second")
-    assert queue.get(timeout=HANG_S) == b"second"
-    assert bytes(client.recv(timeout=HANG_S)) == b"ok"
+    assert bytes(client.recv(timeout=HANG_S)) == b"got second"
     client.close()
     proc.kill()
 

@@ -40,6 +40,7 @@ class Client:
     def __init__(self, addr: int | str, name: str = "Client", maxinflight: int = 16, **kwargs: Any):
         self.maxinflight = check_int("maxinflight", maxinflight, minimum=1)
         self.options = options.client_options(kwargs, "Client")
+        options.refuse_keepalive(self.options)
         self.autoconn = self.options.autoconn
         self.connect_wait = self.options.connect_wait
         self.logging = self.options.logging

@@ -126,10 +126,10 @@ class ClientSocket:
             outbox = self._outbox
         if outbox is not None:
             outbox.close(flush=True, timeout=timeout)  # what was sent before close() goes out
-        self._closing.set()
-        self.wantconn.set()
-        with self._lock:
+        with self._lock:  # a connection made from now on is closed by the loop (_loop)
+            self._closing.set()
             conn = self._conn
+        self.wantconn.set()
         if conn is not None:
             conn.close()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -153,6 +153,10 @@ class ClientSocket:
                 break
             outbox = Outbox(conn, self.options.max_send_queue, f"{self.name}Send", lambda e, c=conn: c.close())
             with self._lock:
+                if self._closing.is_set():  # close() came while this connection was made
+                    outbox.close(flush=False)
+                    conn.close()
+                    break
                 self._conn, self._outbox = conn, outbox
             self.isconn.set()
             if not self.options.autoconn:

@@ -25,6 +25,8 @@ from shmpad.rpc.codec import RemoteTraceback
 __all__ = ["open_link", "from_server", "WrongProtocol"]
 
 PING = "shmpad_portal_ping"  # the method every server answers (server.PING)
+_TCP_CONNECT_S = 2.0
+"""how long a TCP link may take to connect and authenticate (the shared-memory doorbell answers at once)"""
 _DRAIN_S = 0.05
 """how long a broken shared-memory link is read for replies that arrived before its end"""
 
@@ -124,11 +126,13 @@ def open_link(host: str, port: int, name: str, timeout: float, handshake: str, m
         address = hello["tcp"]
     else:
         address = _join(host, port)
-    rpc = TcpRpcClient(address, name=name, connect_timeout=max(timeout, 0.01), max_frame=max_frame)
+    rpc = TcpRpcClient(address, name=name, connect_timeout=max(timeout, _TCP_CONNECT_S), max_frame=max_frame)
     try:
         hello = rpc.call(PING)
-    except AuthError:
+    except AuthError as e:
         rpc.close()
+        if isinstance(e.__context__, TimeoutError):
+            return None  # a handshake too slow (a loaded host) is not a wrong token: try again
         raise
     except (Timeout, ConnectionError, OSError):
         rpc.close()

@@ -16,8 +16,8 @@ What each option does here (docs/portal.md has the table):
   calls do not go through here (a client holds at most ``maxinflight`` calls, a server
   at most its places): accepted, never reached. ``keepalive_*`` set the probes of a
   ``ClientSocket``'s connection; a ``Client`` learns that a server on this host died at
-  once (its doorbell closes) and over TCP uses shmpad's keepalive (``shmpad.rpc``):
-  accepted, not applied.
+  once (its doorbell closes) and over TCP uses shmpad's keepalive (``shmpad.rpc``), so
+  it takes only portal's defaults and refuses other values (``refuse_keepalive``).
 """
 
 from __future__ import annotations
@@ -98,6 +98,19 @@ def _make(cls: type, what: str, kwargs: dict) -> Any:
     if not options.handshake:
         raise ValueError(f"{what} option handshake must be a non-empty str")
     return options
+
+
+def refuse_keepalive(options: ClientOptions) -> None:
+    """A ``Client`` cannot honour keepalive values other than portal's defaults."""
+    default = ClientOptions()
+    for key in ("keepalive_after", "keepalive_every", "keepalive_fails"):
+        value = getattr(options, key)
+        if value != getattr(default, key):
+            raise ValueError(
+                f"Client cannot honour {key}={value!r}: a server on this host is seen gone at once, and calls "
+                "over TCP use shmpad's keepalive (10 s idle, 3 probes 5 s apart, 30 s user timeout); only "
+                f"portal's default ({getattr(default, key)!r}) is taken (a ClientSocket honours any value)"
+            )
 
 
 def client_options(kwargs: dict, what: str = "ClientSocket") -> ClientOptions:
