@@ -5,11 +5,15 @@ held, where a plain fork of the same moment does."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
+
+from helpers import wait_until
 
 import shmpad.portal as portal
 from shmpad.launch.process import fork
 from shmpad.portal import forkserver
+from shmpad.shm.pids import proc_stat
 
 HANG_S = 60.0  # a hang guard, never a timing assertion
 
@@ -50,7 +54,6 @@ def test_a_process_started_while_another_thread_holds_a_lock_takes_it():
     with _Holder():
         proc.start()
         assert proc.join(HANG_S).exitcode == 0  # while the holder still holds it
-    assert proc.pid != os.getpid() and os.getppid() != proc.pid
 
 
 def test_a_plain_fork_at_that_moment_inherits_the_lock_held():
@@ -69,8 +72,7 @@ def test_a_plain_fork_at_that_moment_inherits_the_lock_held():
 def test_workers_are_forked_by_the_server_and_end_with_it():
     server = forkserver.server()
     proc = portal.Process(lambda: threading.Event().wait(), name="sleeper", start=True)
-    with open(f"/proc/{proc.pid}/stat") as f:
-        assert int(f.read().rsplit(")", 1)[1].split()[1]) == server.pid  # its parent
+    assert proc_stat(proc.pid).ppid == server.pid
     proc.kill(HANG_S)
     assert proc.exitcode is not None and not proc.running
 
@@ -108,3 +110,23 @@ def test_arguments_travel_as_to_a_spawned_process(tmp_path):
     assert proc.join(HANG_S).exitcode == 0
     left.close()
     right.close()
+
+
+def _server_killed_then_replaced() -> int:
+    first = forkserver.server()
+    os.kill(first.pid, signal.SIGKILL)
+    if not wait_until(lambda: not first.alive(), HANG_S):
+        return 2
+    proc = portal.Process(_returns_seven, start=True)  # a new server forks it
+    proc.join(HANG_S)
+    return 0 if proc.exitcode == 7 and forkserver.server() is not first else 1
+
+
+def _returns_seven() -> int:
+    return 7
+
+
+def test_a_dead_server_is_replaced():
+    """(In a worker, whose server is its own: this process's stays.)"""
+    proc = portal.Process(_server_killed_then_replaced, start=True)
+    assert proc.join(HANG_S).exitcode == 0

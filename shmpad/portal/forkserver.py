@@ -27,8 +27,9 @@ launching process's environment, working directory, ``sys.path`` and portal cont
 
 Each worker's wait status comes back on a socket of its own (the worker's *sentinel*).
 The server leads its own process group and dies with the thread that made it (the
-parent-death signal of ``fork``), and each worker dies with the server, so that the
-chain ends with the launching process however it ends. A forked child of a process
+parent-death signal of ``fork``; and when its socket to the launching process closes, it
+ends its workers and exits), and each worker dies with the server, so that the chain
+ends with the launching process however it ends. A forked child of a process
 has no server of its own until it starts a ``Process`` itself.
 
 A process that has other threads when it makes its server makes it anyway (its first
@@ -135,9 +136,22 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = ours
         self._lock = threading.Lock()
+        self._status: int | None = None
         self.pid = fork(lambda: _serve(theirs), close_fds=(ours.fileno(),))
         theirs.close()
         janitor.register_group(self.pid)
+
+    def alive(self) -> bool:
+        """Whether the server still runs (it dies with the thread that made it)."""
+        if self._status is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid == self.pid:
+                self._status = status
+                self._sock.close()
+        return self._status is None
 
     def start(self, payload: bytes, fds: list[int]) -> tuple[int, Sentinel]:
         """Fork a worker that runs ``payload`` (``_child``); its pid and sentinel."""
@@ -164,10 +178,11 @@ _server_lock = threading.Lock()
 
 
 def server() -> ForkServer:
-    """This process's server, made now if it has none."""
+    """This process's server, made now if it has none, or if the one it had is gone (it
+    was killed, or the thread that made it exited)."""
     global _server
     with _server_lock:
-        if _server is None:
+        if _server is None or not _server.alive():
             _server = ForkServer()
         return _server
 
