@@ -190,7 +190,11 @@ class Learner:
                 raise Timeout(f"the learner's group did not become ready within {timeout} s")
             if self.accumulator.version != version and self.publisher is not None:
                 self.publisher.publish(self.steps)  # the group's state replaced ours
-        batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
+        try:
+            batch = self.ring.get_batch(self.config.batch_size, timeout=timeout, torch=True)  # [B, T+1, ...]
+        except Timeout:
+            self._wait_s += time.perf_counter() - t0  # a wait that found no batch was waiting too
+            raise
         t1 = time.perf_counter()
         try:
             i = self.stager.stage(batch)  # staging buffer i now holds the batch, [T+1, B, ...]

@@ -17,6 +17,7 @@ import torch
 from helpers import kill_and_reap, run_command, start_session, track_pid
 from helpers.net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
 
+from bench.impala.progress import startup_seconds
 from learners import make_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,6 +116,8 @@ def test_atari_run_writes_logs_picture_and_resumes(tmp_path):
     ]
     text = run_bench(*common, "--total-frames", "2400", timeout=300)
     assert "[learner/0] frames" in text and "fps" in text and "return(100)" in text and "queue" in text
+    startup = startup_seconds(text)  # printed once, after the first update: imports, forks, the first batch
+    assert startup is not None and startup > 0 and text.count("start-up: ") == 1, text[-3000:]
     rows = read_log(out)
     assert rows and {"frames", "seconds", "fps", "mean_return"} <= set(rows[0])
     assert int(rows[-1]["frames"]) >= 2400

@@ -98,6 +98,8 @@ def test_a_run_stops_once_its_targets_are_reached(tmp_path, capsys, shm_leak_che
     assert set(run["reached"]) == {"5", "10"} and run["frames"] < 100_000_000  # stopped, not run to the budget
     assert report["summary"]["10"]["reached"] == 1 and report["summary"]["10"]["median_frames"] > 0
     assert run["plan"] and run["plan"][0].startswith("IMPALA on CartPole-v1")
+    assert 0 < run["startup_seconds"] < run["seconds"]  # the job's own line: command to first learner update
+    assert f"start-up: {run['startup_seconds']:.1f} s" in (out / "seed-0.log").read_text()
     assert sorted(os.listdir(out)) == ["curves.png", "seed-0", "seed-0.log", "summary.json", "summary.md"]
     assert "| 10 | 1/1 |" in (out / "summary.md").read_text()
     assert f"Command: `python -m bench.learn {' '.join(argv)} --out {out} -- --log-interval 1`" in (

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors import EnvConfig, frames_per_step
-from bench.impala.plan import QUEUE_BATCHES, Plan, make_plan
+from bench.impala.plan import Plan, make_plan, queue_slots
 from learners import LearnerConfig, ModelConfig
 
 __all__ = ["Job", "PeerGroup", "configs", "resolve"]
@@ -60,7 +60,7 @@ class Job:
     unroll_length: int
     """T: steps per unroll"""
     queue_slots: int
-    """trajectory ring slots (--queue-slots, or 4 batches for IMPALA and 1 for APPO)"""
+    """trajectory ring slots (--queue-slots, or ``bench.impala.plan.queue_slots``: 4 batches for IMPALA, 1 for APPO on a CPU, one slot per environment for APPO on a GPU)"""
     total_frames: int
     """the learner stops after this many environment frames"""
     log_interval: float
@@ -149,7 +149,7 @@ def resolve(args: Any, plan: Plan | None = None) -> Job:
         device=args.device,
         cuda_graph=args.cuda_graph == "on",
         unroll_length=args.unroll_length,
-        queue_slots=args.queue_slots or QUEUE_BATCHES[args.algo] * args.batch_size,
+        queue_slots=args.queue_slots or queue_slots(args.algo, args.batch_size, plan),
         total_frames=args.total_frames,
         log_interval=args.log_interval,
         checkpoint_minutes=args.checkpoint_minutes,

@@ -110,7 +110,7 @@ class Args:
     normalize_input: bool = True
     """standardise every input element (pixel) by running statistics that the learner updates from each batch, instead of scaling frames by 1/255 (rl_games' normalize_input)"""
     queue_slots: int = 0
-    """trajectory ring slots (0: 4 batches for impala, 1 for appo)"""
+    """trajectory ring slots (0: 4 batches for impala; for appo 1 batch, or on a GPU one slot per environment in whole batches)"""
     lockstep: bool = False
     """one actor and the learner take turns: the actor steps with the weights of every update its batches made and waits for each, so a run repeats itself on one machine (slower: nothing overlaps)"""
     device: str = "cpu"

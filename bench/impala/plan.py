@@ -56,6 +56,29 @@ measures the learner's side). A figure is stated only where its output is kept u
   actor serving all 12 workers ran it 0.90x and 0.92x as fast, its workers waiting on its
   one loop. With the IMPALA ResNet one actor tied (0.995x) and 4 actors x 3 workers ran
   0.91x.
+- CUDA, APPO (Atari's default, rl_games' recipe): the algorithm stays the table's, as on
+  the CPU where it learned (64 unrolls of 128 steps per update, 4 epochs x 4 minibatches:
+  2,048 frames per optimiser step). The plan's 192 environments on 16 cores are 3 batches:
+  more environments do not add steps per frame, they only split a round of unrolls into
+  3 updates. What the GPU must keep up with, counted by
+  ``docs/results/pong-gpu-default/flops.py`` (the Nature CNN: 18.7 MFLOP a sample forward,
+  49.5 forward and backward; 1.79 TFLOP an update): at 60K frames/s, 1.83 updates/s (546 ms
+  each), 29 minibatch steps/s (34 ms each), 3.3 TFLOP/s, 5% of an H200's plain fp32 rate
+  (67 TFLOP/s by NVIDIA's datasheet) and under 0.5% of its bf16 tensor rate. So the
+  learner runs eager: compiling would buy back launch overhead the learner has room for
+  with start-up, which a 90 s run cannot spare (how long it takes on a GPU is not
+  measured). It runs in bf16 autocast, the precision the CPU runs that learned ran in
+  (their 1-core plan: bf16 on AVX512-BF16), with the heads, the loss and the weights in
+  fp32. Every actor's environments finish their unrolls at the same step,
+  so a round of 192 unrolls reaches the ring at once; a ring of one batch would stall the
+  actors until the learner had taken the round's first two batches (about an update and
+  two staging copies, every 1.6 s at 60K frames/s). ``queue_slots`` gives the ring one
+  slot per environment on a GPU (3 batches) instead: the round waits in the ring, and
+  while the learner keeps up (3 updates within a round's 1.6 s) the round's batches are
+  learned 0, 1 and 2 updates after the weights that acted most of their steps (an
+  unroll's first steps, acted while the learner took the previous round, up to 3 more):
+  a mean lag expected between 1 and 2 updates, against the CPU runs' 2. Not yet run on a
+  GPU: docs/results/pong-gpu-default holds the prepared run.
 """
 
 from __future__ import annotations
@@ -66,7 +89,16 @@ from typing import Any
 
 from actors import EnvConfig
 
-__all__ = ["Plan", "QUEUE_BATCHES", "cpu_has_bf16", "env_family", "make_plan", "pinned_cpus", "usable_cores"]
+__all__ = [
+    "Plan",
+    "QUEUE_BATCHES",
+    "cpu_has_bf16",
+    "env_family",
+    "make_plan",
+    "pinned_cpus",
+    "queue_slots",
+    "usable_cores",
+]
 
 AUTO = "auto"
 PIN_BY_DEFAULT = True
@@ -87,8 +119,10 @@ QUEUE_BATCHES = {"impala": 4, "appo": 1}
 """Batches the trajectory ring holds per algorithm, unless --queue-slots says otherwise.
 IMPALA's 4 let the actors run ahead of a learner that steps once per batch. APPO's learner
 frees a batch's slots before its update, so the actors fill the next batch during it; a longer
-ring would only feed APPO's 16 steps per batch staler unrolls. The Pong runs of
-docs/results/pong-rl-games-cpu had one batch: a policy lag of 2 updates in their log.csv."""
+ring would only feed a learner-bound APPO's 16 steps per batch staler unrolls. The Pong runs of
+docs/results/pong-rl-games-cpu had one batch: a policy lag of 2 updates in their log.csv.
+On a GPU, where the learner is not the bound, APPO's ring holds a round of unrolls instead
+(``queue_slots``)."""
 
 
 def env_family(env_id: str) -> str:
@@ -166,6 +200,18 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     bf16 = _switch(args.bf16, "bf16", conv and (cuda or cpu_bf16))
     pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and cores >= 2)
     return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
+
+
+def queue_slots(algo: str, batch_size: int, plan: Plan) -> int:
+    """The trajectory ring's slots when --queue-slots is not given: ``QUEUE_BATCHES`` batches;
+    for APPO on a GPU, at least one slot per environment of the plan, in whole batches, so that
+    a round of unrolls (every environment finishes one at the same step) never blocks the
+    actors while the learner, which keeps up there, takes the round batch by batch."""
+    slots = QUEUE_BATCHES[algo] * batch_size
+    if algo == "appo" and plan.device == "cuda":
+        envs = plan.num_actors * plan.num_workers * plan.envs_per_worker
+        slots = max(slots, batch_size * -(-envs // batch_size))
+    return slots
 
 
 def pinned_cpus(plan: Plan) -> tuple[list[int], list[int]] | None:

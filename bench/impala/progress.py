@@ -1,5 +1,5 @@
-"""What bench.impala's learner reports: the progress line (with the role that bounds
-the run, in words), the CSV log's columns and rows, and the learning curve.
+"""What bench.impala's learner reports: the start-up line, the progress line (with the role
+that bounds the run, in words), the CSV log's columns and rows, and the learning curve.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from typing import Any
 
 import shmpad as lp
@@ -26,6 +27,9 @@ __all__ = [
     "progress",
     "progress_line",
     "score_range",
+    "seconds_since_start",
+    "startup_line",
+    "startup_seconds",
 ]
 
 CSV_COLUMNS = [
@@ -62,6 +66,37 @@ ACTOR_COUNTERS = ("frames", "env_s", "wait_s", "batches", "inf_wait_s", "inf_s",
 """what every actor node publishes (``lp.publish_counter``), running totals: frames stepped, its env
 workers' seconds stepping and waiting for actions, inference batches, and the actor loop's seconds
 waiting for a half, in the network, and writing rollouts"""
+
+
+STARTUP = "start-up: {:.1f} s from the command to the first learner update"
+"""the line the learner prints once, after its first update: the seconds a user waits before the
+job learns (imports, numba's kernels, forking, compiling, the first batch of unrolls and its update)"""
+_STARTUP = re.compile(r"start-up: ([0-9.]+) s from the command to the first learner update")
+
+
+def startup_line(seconds: float) -> str:
+    return STARTUP.format(seconds)
+
+
+def startup_seconds(text: str) -> float | None:
+    """The seconds of the last start-up line in ``text`` (a run's output; a resumed run's holds one
+    per stretch), or None where it has none."""
+    found = _STARTUP.findall(text)
+    return float(found[-1]) if found else None
+
+
+def seconds_since_start() -> float:
+    """How long ago this process started, from its start time in ``/proc/self/stat`` (clock ticks
+    since boot, against ``/proc/uptime``), so that what ran before the first line of Python
+    (the interpreter, the imports) counts; 0.0 where /proc does not say."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def actor_counters(pool: Any, inference: Any) -> dict[str, float]:

@@ -46,7 +46,17 @@ from bench.impala import rundir
 from bench.impala.job import Job, PeerGroup, resolve
 from bench.impala.options import Args, UsageError, parse_args
 from bench.impala.plan import Plan, pinned_cpus
-from bench.impala.progress import RunLog, actor_counters, actor_totals, last_seconds, plot, progress, progress_line
+from bench.impala.progress import (
+    RunLog,
+    actor_counters,
+    actor_totals,
+    last_seconds,
+    plot,
+    progress,
+    progress_line,
+    seconds_since_start,
+    startup_line,
+)
 from bench.impala.tensorboard import TensorBoardLog
 from bench.impala.usage import advice, summary
 from learners import Learner, ModelConfig
@@ -170,7 +180,9 @@ def wait_for_learner(weights, version: int, stop) -> bool:
 # -- the learner node --------------------------------------------------------------------
 
 
-def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) -> None:
+def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, started: float | None = None) -> None:
+    """Train until ``job.total_frames`` (or the stop); with ``started``, the ``time.monotonic()``
+    of the command, print once how long it took to reach the first update (``startup_line``)."""
     torch.set_num_threads(job.plan.learner_threads)
     use_cudnn_autotuner(job)
     checkpoint = os.path.join(job.out, rundir.CHECKPOINT)
@@ -205,11 +217,17 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights) ->
         start = time.monotonic()
         last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
         last_checkpoint = start
+        frames_before = learner.frames
         while learner.frames < job.total_frames and not stop.is_set():
             try:
                 learner.step(timeout=1.0)
             except Timeout:
                 pass
+            if started is not None and learner.frames > frames_before:
+                if learner.device.type == "cuda":
+                    torch.cuda.synchronize(learner.device)  # the update's kernels have run, not only been queued
+                print(startup_line(time.monotonic() - started), flush=True)
+                started = None
             log.episodes(learner.frames, learner.new_episodes)
             learner.new_episodes.clear()
             now = time.monotonic()
@@ -252,10 +270,12 @@ def build_program(
     actor: Callable[..., None] = run_actor,
     actor_args: tuple = (),
     program: lp.Program | None = None,
+    started: float | None = None,
 ) -> lp.Program:
     """The job's program (its nodes added to ``program`` where one is given). Each actor node
     runs ``actor(job, index, trajectories, weights, *actor_args)``: ``run_actor``, or a
-    benchmark's wrapper of it that watches the actors (``bench.impala.throughput``)."""
+    benchmark's wrapper of it that watches the actors (``bench.impala.throughput``).
+    ``started``: the command's ``time.monotonic()``, for the learner's start-up line."""
     spec = job.env.spec()  # also compiles the preprocessing kernels before the fork
     if not spec.discrete:
         raise SystemExit(f"bench.impala needs discrete actions; {job.env.env_id!r} has {spec.describe_actions()}")
@@ -268,7 +288,7 @@ def build_program(
         for i in range(job.plan.num_actors):
             program.add_node(lp.PyNode(actor, job, i, trajectories, weights, *actor_args))
     program.add_node(
-        lp.PyNode(run_learner, job, spec.obs_shape, spec.num_actions, trajectories, weights),
+        lp.PyNode(run_learner, job, spec.obs_shape, spec.num_actions, trajectories, weights, started),
         "learner",
     )
     return program
@@ -313,6 +333,8 @@ def prepare_run(args: Args, job: Job) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # from the command's own start, imports included; called with argv (from Python), from here
+    started = time.monotonic() - (seconds_since_start() if argv is None else 0.0)
     try:
         args = parse_args(argv)
         job = resolve(args)
@@ -331,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     if frames is not None:
         print(f"resuming {args.out} at {frames:,} frames", flush=True)
     try:
-        program = build_program(job)
+        program = build_program(job, started=started)
         manager = lp.launch(
             program,
             launch_type=args.launch_type,

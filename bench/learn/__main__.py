@@ -25,7 +25,8 @@ that summary, its seconds go on from the run's ``log.csv``, and a target reached
 resume counts at them); the wall-clock between two stretches is not counted. ``--seconds`` bounds each stretch.
 
 ``OUT`` gets ``summary.json`` (every seed's frames and seconds per target, the medians and the
-worst, the machine, each run's plan line), ``summary.md`` (the same as a table) and
+worst, the machine, each run's plan line and its start-up: seconds from the command to the
+first learner update, as the job prints them), ``summary.md`` (the same as a table) and
 ``curves.png`` (each seed's mean return against frames, with the targets), beside each
 run's own folder and its output, ``seed-S.log``. Stopped by Ctrl+C or SIGTERM, it stops its
 runs as Ctrl+C stops a job (each keeps a checkpoint) and still writes them, the seeds it
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field
 from bench.common.jobs import exit_on_sigterm, start_job
 from bench.impala import rundir, train
 from bench.impala.compare import STOP_GRACE_S, _await_session_end
-from bench.impala.progress import last_seconds
+from bench.impala.progress import last_seconds, startup_seconds
 
 __all__ = ["Progress", "main", "parse_args", "summarize"]
 
@@ -256,7 +257,8 @@ class Run:
         self._log.close()
         self.progress.read(os.path.join(self.folder, rundir.EPISODES), self.before + time.monotonic() - self.start)
         with open(self.log_path) as f:
-            head = f.read(4000).splitlines()
+            text = f.read()
+        head = text[:4000].splitlines()
         if self.proc.returncode not in (0, 130) and self.stopped_at is None:
             tail = open(self.log_path).read()[-3000:]
             raise RuntimeError(f"{shlex.join(self.cmd)} exited with {self.proc.returncode}:\n{tail}")
@@ -268,6 +270,7 @@ class Run:
             "seconds": round(self.before + time.monotonic() - self.start, 1),
             "reached": {_key(t): {"frames": f, "seconds": s} for t, (f, s) in self.progress.reached.items()},
             "plan": [line for line in head if line.startswith(("IMPALA", "APPO", "plan"))][:2],
+            "startup_seconds": startup_seconds(text),  # the job's own count, this stretch's; None before an update
             "curve": self.progress.curve[:: max(1, len(self.progress.curve) // 400)],
         }
 
