@@ -16,7 +16,7 @@ import pytest
 from bench.elastic import __main__ as cli
 from bench.elastic import group
 from bench.elastic.group import Arm, Fault, run_arm
-from bench.elastic.report import figures, stage_seconds, table
+from bench.elastic.report import figures, stage_cpu, stage_seconds, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -218,10 +218,11 @@ def test_a_killed_job_learner_comes_back_as_a_new_interpreter_with_the_groups_st
     (f,) = fig.faults
     assert fig.restart == "job" and fig.steps_per_s > 0 and fig.versions_differing == 0, fig
     assert 0 < f.started_s < f.built_s < f.joined_s < f.synced_s <= f.compiled_s <= f.rejoined_s, f
-    stages = stage_seconds(f)
-    assert all(v is not None and v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(
-        f.rejoined_s
-    )
+    stages, cpu = stage_seconds(f), stage_cpu(f)
+    assert all(v is not None and v >= 0 for v in stages.values()), stages
+    assert sum(stages.values()) == pytest.approx(f.rejoined_s)
+    assert cpu.keys() == stages.keys() and all(v is not None and v >= 0 for v in cpu.values()), cpu
+    assert cpu["started_s"] > 0  # the interpreter and the job's imports took CPU in this process
     assert "interpreter and imports" in table(None, fig)[1]
 
 

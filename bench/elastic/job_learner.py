@@ -28,7 +28,9 @@ actors, no weight store (nothing is published), no progress log and no checkpoin
 restarted job also starts its actors and waits for their first batch; that is not here.
 
 It writes one JSON line per event on the pipe that was its stdout (the job's own prints
-go to stderr); ``t`` is ``time.monotonic()``::
+go to stderr); ``t`` is ``time.monotonic()``, and every event also carries ``cpu``, the CPU
+seconds this process has used so far (``time.process_time()``: every thread's, not the
+compiler's worker processes')::
 
     {"e": "up", "t", "pid", "argv"}     the interpreter (started with argv) is up, the job imported
     {"e": "built", "t", "p"}            settings, environment spec, model (p parameters), Learner
@@ -136,6 +138,7 @@ def run(name: str, argv: list[str], events: int, control: int) -> None:
     """The learner of the job ``argv`` as member ``name``, until ``control`` reads end-of-file."""
 
     def emit(**fields: object) -> None:
+        fields["cpu"] = round(time.process_time(), 3)  # this process's CPU seconds so far, every thread's
         os.write(events, (json.dumps(fields, separators=(",", ":")) + "\n").encode())  # one write per line
 
     # argv: the command line this interpreter was started with (a forked process would carry its parent's)

@@ -20,7 +20,9 @@
   ``joined_s`` (it asked the broker to join), ``synced_s`` (its first ring formed, the
   group's state loaded), ``compiled_s`` (its first loss and gradients done: where the job
   compiles, the compiling), then ``rejoined_s``. From ``synced_s`` on the group waits for it:
-  the survivors' next reduction is in the ring with it.
+  the survivors' next reduction is in the ring with it. ``cpu_s``: the CPU seconds the new
+  process had used at each of those (on a loaded machine the seconds are mostly waiting for
+  a core; the CPU seconds are the work).
 - identical: for every version more than one learner reached, the digests of their
   weights after that step agree. A step is left out of that comparison, and counted as
   ``partial``, when another member of the ring it was taken in (``g``) abandoned the
@@ -54,6 +56,7 @@ class FaultFigures:
     joined_s: float | None = None
     synced_s: float | None = None
     compiled_s: float | None = None
+    cpu_s: dict[str, float] | None = None  # job learners: the new process's CPU seconds at each stage (STAGE_WORDS)
 
 
 @dataclass
@@ -157,10 +160,16 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]], until
         lambda e: e["e"] == "step" and e["n"] == arm.peers and e.get("g") != old_ring and not _partial(e, abandoned),
     )
     stages: dict[str, float | None] = {}
+    cpu: dict[str, float] = {}
     if fault.kind == "kill":
-        for stage in ("up", *JOB_STAGES):
-            at = first(fault.victim, restart, back, lambda e, stage=stage: e["e"] == stage)
-            stages[stage] = None if at is None else round(at - restart, 3)
+        limit = back if back is not None else until
+        after = [e for e in arm.events[fault.victim] if restart < e["t"] and (limit is None or e["t"] <= limit)]
+        for stage in ("up", *JOB_STAGES, "step"):
+            event = next((e for e in after if e["e"] == stage and (stage != "step" or e["t"] == back)), None)
+            if stage != "step":
+                stages[stage] = None if event is None else round(event["t"] - restart, 3)
+            if event is not None and "cpu" in event:  # job learners' events
+                cpu[{"up": "started_s", "step": "rejoined_s"}.get(stage, f"{stage}_s")] = event["cpu"]
     stale = None
     if fault.kind == "stop":
         last = back if back is not None else until
@@ -182,6 +191,7 @@ def _fault(arm: Arm, fault: Fault, abandoned: set[tuple[str | None, int]], until
         started_s=stages.get("up"),
         stale=stale,
         **{f"{stage}_s": stages.get(stage) for stage in JOB_STAGES},
+        cpu_s=cpu or None,
     )
 
 
@@ -253,8 +263,23 @@ def stage_seconds(f: FaultFigures) -> dict[str, float | None]:
     return out
 
 
+def stage_cpu(f: FaultFigures) -> dict[str, float | None]:
+    """The CPU seconds the new process spent in each stage of its way back (``stage_seconds``'s stages)."""
+    out: dict[str, float | None] = {}
+    before: float | None = 0.0
+    for name in STAGE_WORDS:
+        at = (f.cpu_s or {}).get(name)
+        out[name] = None if at is None or before is None else round(at - before, 3)
+        before = at
+    return out
+
+
 def _stages(f: FaultFigures) -> str:
-    return ", ".join(f"{STAGE_WORDS[k]} {_s(v)}" for k, v in stage_seconds(f).items())
+    cpu = stage_cpu(f)
+    return ", ".join(
+        f"{STAGE_WORDS[k]} {_s(v)}" + ("" if cpu[k] is None else f" ({cpu[k]:.2f} s CPU)")
+        for k, v in stage_seconds(f).items()
+    )
 
 
 def _s(value: float | None) -> str:
