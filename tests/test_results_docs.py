@@ -255,6 +255,7 @@ def test_the_results_index_lists_every_folder():
     assert not unlisted, f"{INDEX} does not list {unlisted}"
 
 
+@pytest.mark.rl  # its script imports bench.impala.train, which needs torch
 def test_the_evidence_checks_see_what_is_missing(tmp_path):
     assert names_that_exist("bench.impala.plan") and names_that_exist("bench.impala.plan.cpu_has_bf16")
     assert not names_that_exist("bench.impala_plan") and not names_that_exist("bench.impala.plan.no_such_name")
