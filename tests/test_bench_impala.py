@@ -7,15 +7,14 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
-import subprocess
 import sys
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
-from helpers import kill_and_reap, run_command, start_session, track_pid
-from helpers.net_procs import ROOT, TOKEN, Broker, procs  # noqa: F401 (procs is a fixture)
+from helpers import run_command
+from helpers.net_procs import ROOT, Broker, procs, run_group_jobs  # noqa: F401 (procs is a fixture)
 
 from bench.impala.progress import startup_seconds
 from learners import make_model
@@ -171,8 +170,7 @@ def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
     broker group, average gradients every step and end with identical weights."""
     broker = Broker()
     procs.append(broker)
-    env = {**os.environ, "SHMPAD_TOKEN": TOKEN}
-    runs = []
+    argvs = []
     for i in range(2):
         args = [
             "--env",
@@ -202,23 +200,8 @@ def test_two_hosts_train_one_model_with_peers(tmp_path, procs):
             "--seed",
             str(i),
         ]
-        proc = start_session(
-            [sys.executable, "-m", "bench.impala", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-        track_pid(proc.pid)
-        runs.append(proc)
-    try:
-        outs = [proc.communicate(timeout=240)[0].decode() for proc in runs]
-    finally:
-        for proc in runs:
-            kill_and_reap(proc)
-    for proc, out in zip(runs, outs):
-        assert proc.returncode == 0, out[-3000:]
-        assert "group 2" in out, out[-3000:]
+        argvs.append(args)
+    run_group_jobs(argvs)
     a, b = (torch.load(tmp_path / f"h{i}" / "checkpoint.pt", weights_only=False) for i in range(2))
     assert a["steps"] == b["steps"] > 0
     for k in a["model"]:

@@ -17,16 +17,13 @@ reduction of the members' gradients, and what steers the steps is the group's.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import torch
-from helpers import appo_group, kill_and_reap, start_session, track_pid
-from helpers.net_procs import ROOT, TOKEN, Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
+from helpers import appo_group
+from helpers.net_procs import ROOT, TOKEN, Peer, assert_identical, procs, run_group_jobs  # noqa: F401 (procs is a fixture)
 from helpers.net_procs import Broker as BrokerProcess
 
 from learners.schedule import KLAdaptive
@@ -177,28 +174,14 @@ def test_a_member_killed_mid_batch_leaves_the_group_going_and_a_joiner_takes_its
 def test_two_hosts_of_the_job_train_one_model_with_appo(tmp_path, procs):
     broker = BrokerProcess()
     procs.append(broker)
-    runs = []
+    argvs = []
     for i in range(2):
         args = ["--env", "CartPole-v1", "--model", "mlp", "--total-frames", "10000", "--num-workers", "1"]
         args += ["--envs-per-worker", "8", "--batch-size", "16", "--out", str(tmp_path / f"h{i}")]
         args += ["--launch-type", "test_mp", "--peers", broker.address, "--min-peers", "2", "--seed", str(i)]
         args += ["--algo", "appo", "--epochs", "2", "--minibatches", "2", "--kl-target", "0.01", "--normalize-input"]
-        proc = start_session(
-            [sys.executable, "-m", "bench.impala", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "SHMPAD_TOKEN": TOKEN},
-            cwd=ROOT,
-        )
-        track_pid(proc.pid)
-        runs.append(proc)
-    try:
-        outs = [proc.communicate(timeout=240)[0].decode() for proc in runs]
-    finally:
-        for proc in runs:
-            kill_and_reap(proc)
-    for proc, out in zip(runs, outs):
-        assert proc.returncode == 0 and "group 2" in out, out[-3000:]
+        argvs.append(args)
+    run_group_jobs(argvs)
     a, b = (torch.load(tmp_path / f"h{i}" / "checkpoint.pt", weights_only=False) for i in range(2))
     assert a["steps"] == b["steps"] > 0 and int(a["model"]["torso.obs_norm.count"]) > 0
     for k in a["model"]:

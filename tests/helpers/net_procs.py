@@ -255,3 +255,29 @@ def _history(peers: list[Peer], version: int) -> str:
         steps = [{k: s.get(k) for k in keep} for s in p.trail if s["version"] <= version + 2]
         parts.append(f"{p.name} steps: {steps}\n{p.name} log:\n{''.join(p.stderr[:60])}")
     return "\n".join(parts)
+
+
+def run_group_jobs(argvs: list[list[str]], timeout: float = 240) -> list[str]:
+    """Run one ``python -m bench.impala`` per argv at once (the hosts of a group, $SHMPAD_TOKEN
+    set to the tests' token), wait for all, and return their outputs; each must exit 0 having
+    trained in a group of ``len(argvs)``."""
+    runs = []
+    for argv in argvs:
+        proc = start_session(
+            [sys.executable, "-m", "bench.impala", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SHMPAD_TOKEN": TOKEN},
+            cwd=ROOT,
+        )
+        track_pid(proc.pid)
+        runs.append(proc)
+    try:
+        outs = [proc.communicate(timeout=timeout)[0].decode() for proc in runs]
+    finally:
+        for proc in runs:
+            kill_and_reap(proc)
+    for proc, out in zip(runs, outs):
+        assert proc.returncode == 0, out[-3000:]
+        assert f"group {len(argvs)}" in out, out[-3000:]
+    return outs
