@@ -20,7 +20,7 @@ import time
 import pytest
 from helpers import pid_alive, read_line, spawn_python, wait_until
 from helpers.hosts import hosts, popen  # noqa: F401 (hosts is a fixture)
-from helpers.net_procs import SLOW_FLAGS, Broker, Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
+from helpers.net_procs import SLOW_FLAGS, Broker, Peer, assert_identical, kill_a_member_mid_reduction, procs  # noqa: F401 (procs is a fixture)
 
 from bench.hosts.__main__ import core_shares, parse_args
 from bench.hosts.netns import NAME, Hosts, Link, remove_stale
@@ -159,17 +159,7 @@ def test_a_group_steps_over_links_and_a_host_killed_mid_step_leaves_the_others_g
     made = hosts(3, "10gbit,50us")
     peers = _group(procs, made, 5, "--width", "2048", "--op-timeout", "600")
     victim, survivors = peers[2], peers[:2]
-    victim.proc.send_signal(signal.SIGSTOP)
-    stopped = time.monotonic()
-    for p in survivors:  # a reduction that starts now cannot finish without the victim
-        p.wait(lambda p: p.reduces and p.reduces[-1] > stopped, 60, "a reduction started after the stop")
-    made[2].kill()
-    killed = time.monotonic()
-    for p in survivors:
-        p.wait(lambda p: len(p.steps_with(2, after=killed)) >= 3, 60, "3 steps in a group of 2 after the kill")
-    for p in survivors:
-        p.finish()
-    assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
+    kill_a_member_mid_reduction(victim, survivors, made[2].kill)
     assert assert_identical(survivors, others=[victim]) >= 5
     made.check()
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from helpers import track_pid, wait_until
 from helpers.net_procs import Broker as BrokerProcess
-from helpers.net_procs import Peer, assert_identical, procs  # noqa: F401 (procs is a fixture)
+from helpers.net_procs import Peer, assert_identical, kill_a_member_mid_reduction, procs  # noqa: F401 (procs is a fixture)
 from helpers.netns import netns  # noqa: F401 (a fixture)
 
 from shmpad.net import Accumulator, Broker
@@ -75,17 +75,7 @@ def test_a_peer_killed_mid_reduction_costs_the_others_seconds(procs, backend):
     shows the survivors learned of the kill from its closed connections, not from a timeout."""
     broker, peers = _group(procs, "k", 3, 5, "g", "--width", "2048", "--backend", backend, "--op-timeout", "600")
     victim, survivors = peers[0], peers[1:]
-    victim.proc.send_signal(signal.SIGSTOP)
-    stopped = time.monotonic()
-    for p in survivors:  # a reduction that starts now cannot finish without the victim
-        p.wait(lambda p: p.reduces and p.reduces[-1] > stopped, 60, "a reduction started after the stop")
-    victim.proc.kill()
-    killed = time.monotonic()
-    for p in survivors:
-        p.wait(lambda p: len(p.steps_with(2, after=killed)) >= 3, 60, "3 steps in a group of 2 after the kill")
-    for p in survivors:
-        p.finish()
-    assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
+    kill_a_member_mid_reduction(victim, survivors, victim.proc.kill)
     assert_identical(survivors, others=[victim])
     assert_plane(survivors, backend)
 

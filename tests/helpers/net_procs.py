@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -281,3 +282,20 @@ def run_group_jobs(argvs: list[list[str]], timeout: float = 240) -> list[str]:
         assert proc.returncode == 0, out[-3000:]
         assert f"group {len(argvs)}" in out, out[-3000:]
     return outs
+
+
+def kill_a_member_mid_reduction(victim, survivors, kill) -> None:
+    """Stop ``victim`` (SIGSTOP) until each of ``survivors`` has started a reduction it cannot
+    finish without it, then ``kill()`` it; the survivors must then take 3 steps as a group of 2
+    and have abandoned a reduction. They are finished (their output read) on return."""
+    victim.proc.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    for p in survivors:  # a reduction that starts now cannot finish without the victim
+        p.wait(lambda p: p.reduces and p.reduces[-1] > stopped, 60, "a reduction started after the stop")
+    kill()
+    killed = time.monotonic()
+    for p in survivors:
+        p.wait(lambda p: len(p.steps_with(2, after=killed)) >= 3, 60, "3 steps in a group of 2 after the kill")
+    for p in survivors:
+        p.finish()
+    assert any(s["abandoned"] > 0 for p in survivors for s in p.steps), "no reduction was abandoned"
