@@ -4,11 +4,14 @@ gloo at once, and a result that a member gave up is kept by nobody."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
-from helpers import wait_until
+from helpers import kill_and_reap, start_session, track_pid, wait_until
 
 from shmpad.errors import Abandoned
 from shmpad.net.mesh import Mesh
@@ -121,3 +124,38 @@ def test_tensors_and_the_groups_own_buffer_are_reduced_in_place(groups):
     ):
         with pytest.raises(TypeError, match=r"reduces 1-D contiguous float32 tensors on that device.*got .*" + what):
             a.allreduce(bad)
+
+
+def test_a_member_that_exits_with_an_abandoned_operation_in_flight_exits_cleanly():
+    """A member leaves while its closed group's operation is still in flight (held by a
+    reaper), and its peer goes away a moment later: the operation then fails on gloo's
+    thread while the leaver's interpreter is exiting. The leaver exits 0, not SIGABRT
+    (``terminate called after throwing an instance of 'gloo::IoException'``)."""
+    script = os.path.join(os.path.dirname(__file__), "helpers", "torchgroup_member.py")
+    members = []
+    try:
+        for rank in range(2):
+            proc = start_session(
+                [sys.executable, script, str(rank)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            track_pid(proc.pid)
+            members.append(proc)
+        leaver, peer = members
+        addresses = [p.stdout.readline().strip() for p in members]
+        assert all(addresses), f"a member did not start: {addresses}"
+        for proc, other in ((leaver, addresses[1]), (peer, addresses[0])):
+            proc.stdin.write(other + "\n")
+            proc.stdin.flush()
+        assert leaver.stdout.readline().strip() == "closed", leaver.stderr.read()
+        peer.stdin.write("go\n")  # the leaver is exiting now: its in-flight operation is about to fail
+        peer.stdin.flush()
+        assert peer.wait(60) == 0, peer.stderr.read()
+        code = leaver.wait(60)
+        assert code == 0, f"the leaver exited {code}:\n{leaver.stderr.read()}"
+    finally:
+        for proc in members:
+            kill_and_reap(proc)

@@ -36,12 +36,22 @@ where only the group's hosts reach the peers' addresses.
 Why a dead or departed member never hangs the others. Gloo's ``abort()`` and
 ``shutdown()`` do not wake a blocked operation, and a group with an operation in
 flight cannot be destroyed before that operation ends. So the caller never blocks in
-gloo: it waits on an event that the operation's future sets, and that ``close()`` sets
-too; the group's timeout bounds a member that stays silent. A member that dies
-closes its sockets, and so does a member that destroys its idle group: the others'
-operations then fail at once. A group closed with its operation still in flight is
-handed to a reaper thread that drops it when the operation ends (by its timeout at the
-latest), which closes its sockets in turn.
+gloo: it polls the operation (``is_completed``, at most ``POLL_MAX_S`` apart) while
+waiting on an event that ``close()`` sets; the group's timeout bounds a member that
+stays silent. A member that dies closes its sockets, and so does a member that destroys
+its idle group: the others' operations then fail at once. A group closed with its
+operation still in flight is handed to a reaper thread that polls it the same way and
+drops the group when the operation ended (by its timeout at the latest), which closes
+its sockets in turn.
+
+Why no Python runs on gloo's threads. A done-callback on the operation's future, or a
+thread blocked in ``Work.wait()``, needs the interpreter when the operation ends; if the
+process is exiting by then (a member that leaves while an abandoned operation is still in
+flight, whose peer goes away a moment later), that thread is torn down mid-exception and
+the process aborts (``terminate called after throwing an instance of 'gloo::IoException'``;
+``tests/test_net_torchgroup.py`` keeps the scenario). Polling from Python leaves gloo's
+threads to themselves; and once the process exits, only its main thread calls into torch
+from here (``_no_more_calls``): a reaper still holding a group leaves it to the exit.
 
 Why a peer never keeps a result another member did not get. A member that gave up an
 operation locally (its group changed) cannot take back what its gloo threads send, so
@@ -56,6 +66,7 @@ group then stays on one history (``Accumulator.lineage``, ``discarded``).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
 import json
@@ -63,6 +74,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 
 import numpy as np
 import torch
@@ -274,8 +286,7 @@ class TorchGroup:
                 raise self._abandoned()
             work = self._pg.allreduce([staged])
             self._work, self._wake = work, wake
-        work.get_future().add_done_callback(lambda _: wake.set())  # runs at once if done already
-        if not wake.wait(self.timeout + GRACE_S):
+        if not _wait_for(work, self.timeout + GRACE_S, wake):
             self.close(f"the {self.backend} allreduce took over {self.timeout + GRACE_S} s")
         with self._lock:
             if self._reason is not None:
@@ -355,11 +366,12 @@ class TorchGroup:
         holding = [pg, work, store, buffers]
 
         def reap() -> None:
-            try:
-                holding[1].wait()
-            except RuntimeError:
-                pass  # failed or timed out: either way it is over
-            holding.clear()
+            # the operation ends by the group's timeout at the latest (it failed, timed out or
+            # completed: either way it is over); never Work.wait() here (module docstring)
+            _wait_for(holding[1], None, None, longest=REAP_POLL_S)
+            with _calls:
+                if not _exiting:  # else left to the exit: dropping it now could abort the process
+                    holding.clear()
 
         threading.Thread(target=reap, name=f"shmpad-reap-{self.key}", daemon=True).start()
 
@@ -373,6 +385,62 @@ class TorchGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+POLL_MIN_S = 20e-6
+POLL_MAX_S = 0.5e-3
+"""How often a caller looks whether its operation ended: first after ``POLL_MIN_S``, then
+25% later each time, at most ``POLL_MAX_S`` apart (an operation is seen to end at most
+that late, or a quarter of its time, whichever is less)."""
+
+
+REAP_POLL_S = 0.05
+"""How often a reaper looks whether the operation it holds ended."""
+
+
+def _wait_for(work, timeout: float | None, wake: threading.Event | None, longest: float = POLL_MAX_S) -> bool:
+    """Wait until ``work`` ended (True), ``wake`` is set (True: the caller looks why) or
+    ``timeout`` seconds passed (False; None: no limit), polling ``work.is_completed()``
+    at most ``longest`` apart:
+    no callback and no ``Work.wait()`` runs on gloo's threads (module docstring)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = POLL_MIN_S
+    while not _completed(work):
+        if wake is not None and wake.is_set():
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        if wake is not None:
+            wake.wait(delay)
+        else:
+            time.sleep(delay)
+        delay = min(delay * 1.25, longest)
+    return True
+
+
+_calls = threading.Lock()
+_exiting = False
+
+
+@atexit.register
+def _no_more_calls() -> None:
+    """From the interpreter's exit on, a thread other than the main one makes no more calls
+    into torch from here: one that returned from such a call (each releases the interpreter
+    lock) after the exit began would abort the process (the reaper of a group still held then
+    is the case in point). Runs before the exit stops the other threads."""
+    global _exiting
+    with _calls:
+        _exiting = True
+
+
+def _completed(work) -> bool:
+    """``work.is_completed()``, unless this process is exiting and this is not its main
+    thread: that thread then waits for the exit to stop it (``_no_more_calls``)."""
+    with _calls:
+        if not _exiting or threading.current_thread() is threading.main_thread():
+            return work.is_completed()
+    threading.Event().wait()
+    return False  # not reached: the exit stops this thread
 
 
 def _shut_down(pg) -> None:
