@@ -41,8 +41,11 @@ def test_report_ratios_and_verdicts():
 def test_actor_pattern_runs_on_both(peer):
     if peer == "portal":
         pytest.importorskip("portal", reason="portal comes with the bench extra")
-    out = _run("bench.portal.subjects", "--peer", peer, "--pattern", "actor", "--envs", "2", "--batch", "2")
-    assert out["peer"] == peer and out["env_steps"] > 0
+    out = _run("bench.portal.subjects", "--peer", peer, "--pattern", "actor", "--envs", "3", "--batch", "3")
+    # a batch of 3 is served only when all 3 environments asked: each stepped in the window,
+    # and each answer was the asking environment's own
+    assert out["peer"] == peer and out["env_steps"] >= 3
+    assert out["envs_stepping"] == 3 and out["wrong_answers"] == 0
 
 
 @pytest.mark.slow

@@ -13,8 +13,11 @@ prints one JSON line. The patterns:
   ``act`` with ``batch=B`` and a done function; ``E`` environment processes each loop
   ``client.act({'envid', 'image': 64x64x3 uint8, 'reward', 'is_first', 'is_last',
   'is_terminal'}).result()``, as DreamerV3's ``parallel_env`` does, and count their steps
-  in a shared array. Reported in environment steps per second over the window, which
-  starts once every environment has stepped (so start-up, spawning included, is not in it).
+  in a shared array; each checks that its answer is its own (the action the server derives
+  from that environment's image, no reset) and counts the ones that are not. Reported in
+  environment steps per second over the window, which starts once every environment has
+  stepped (so start-up, spawning included, is not in it), with how many environments
+  stepped in it and the wrong answers.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def _actor_server(module: str, port: int, batch: int, server_kw: dict) -> None:
     def act(obs):
         envid = obs["envid"]
         assert envid.shape == (batch,)
-        action = (obs["image"].reshape(batch, -1)[:, 0] % 4).astype(np.int32)
+        action = obs["image"].reshape(batch, -1)[:, 0].astype(np.int32)  # each env's first byte
         return {"action": action, "reset": obs["is_last"].copy()}, {"n": batch}
 
     def donefn(info):
@@ -87,12 +90,13 @@ def _actor_server(module: str, port: int, batch: int, server_kw: dict) -> None:
     server.start()
 
 
-def _env(module: str, port: int, envid: int, steps, size: int, client_kw: dict) -> None:
+def _env(module: str, port: int, envid: int, steps, wrong, size: int, client_kw: dict) -> None:
     portal = importlib.import_module(module)
     client = portal.Client(f"127.0.0.1:{port}", f"Env{envid}", autoconn=False, **client_kw)
     client.connect()
     rng = np.random.default_rng(envid)
     image = rng.integers(0, 255, (size, size, 3), np.uint8)
+    image.reshape(-1)[0] = expected = envid % 256  # the server answers it: another env's row shows
     n = 0
     while True:
         obs = {
@@ -104,10 +108,12 @@ def _env(module: str, port: int, envid: int, steps, size: int, client_kw: dict) 
             "is_terminal": False,
         }
         try:
-            client.act(obs).result()
+            out = client.act(obs).result()
         except portal.Disconnected:
             client.connect()  # as DreamerV3's environments do
             continue
+        if int(out["action"]) != expected or bool(out["reset"]):  # another env's row, or garbled
+            wrong[envid] += 1
         n += 1
         steps[envid] = n
 
@@ -117,10 +123,12 @@ def actor(peer_name: str, seconds: float, envs: int = 16, batch: int = 16, size:
     portal = importlib.import_module(peer.module)
     port = portal.free_port()
     steps = portal.context.mp.Array("q", envs, lock=False)
+    wrong = portal.context.mp.Array("q", envs, lock=False)
     workers = [portal.Process(_actor_server, peer.module, port, batch, peer.server_kw, start=True)]
     try:
         workers += [
-            portal.Process(_env, peer.module, port, i, steps, size, peer.client_kw, start=True) for i in range(envs)
+            portal.Process(_env, peer.module, port, i, steps, wrong, size, peer.client_kw, start=True)
+            for i in range(envs)
         ]
         deadline = time.monotonic() + START_S
         while min(steps) == 0:  # every environment is connected and has stepped
@@ -130,13 +138,23 @@ def actor(peer_name: str, seconds: float, envs: int = 16, batch: int = 16, size:
                     f"{peer_name}: not every environment stepped within {START_S} s (exit codes {codes})"
                 )
             time.sleep(0.05)
-        first, start = sum(steps), time.perf_counter()
+        first, start = list(steps), time.perf_counter()
         time.sleep(seconds)
-        last, elapsed = sum(steps), time.perf_counter() - start
+        last, elapsed = list(steps), time.perf_counter() - start
+        died = [w.exitcode for w in workers if w.exitcode is not None]
+        if died:
+            raise RuntimeError(f"{peer_name}: a worker ended during the window (exit codes {died})")
     finally:
         for w in workers:
             w.kill()
-    return {"env_steps": last - first, "seconds": elapsed, "steps_per_s": (last - first) / elapsed}
+    done = sum(last) - sum(first)
+    return {
+        "env_steps": done,
+        "seconds": elapsed,
+        "steps_per_s": done / elapsed,
+        "envs_stepping": sum(b > a for a, b in zip(first, last)),  # envs that stepped in the window
+        "wrong_answers": sum(wrong),  # answers that were not the asking env's own (0)
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
