@@ -10,7 +10,7 @@ import re
 import pytest
 from test_bench_impala import run_bench_status
 
-TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 5 --total-frames 3000 --compile off --learner-threads 1".split()
+TINY = "--env ALE/Pong-v5 --num-workers 2 --envs-per-worker 2 --batch-size 4 --unroll-length 5 --total-frames 1600 --compile off --learner-threads 1".split()
 
 
 @pytest.mark.slow
