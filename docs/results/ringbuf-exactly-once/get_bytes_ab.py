@@ -22,7 +22,7 @@ import numpy as np
 
 from shmpad.ringbuf import SPSCRing
 from shmpad.ringbuf import ring as _ring
-from shmpad.ringbuf.layout import DELIVERED, READ
+from shmpad.ringbuf.control import DELIVERED, READ
 
 
 class Main(SPSCRing):
