@@ -131,9 +131,9 @@ class Appo:
         standardised by them (what the baseline head is trained to predict)."""
         learner = self.learner
         config, value_norm = learner.config, learner.value_norm
-        with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-            out = learner.forward(batch)  # logits [T+1, B, A], baseline [T+1, B]
-        logits, baseline = out.policy_logits.float(), out.baseline.float()
+        # in chunks of a minibatch's columns (or of its unrolls' when it takes single steps)
+        columns = max(1, batch["done"].shape[1] // config.minibatches)
+        logits, baseline = learner.evaluate(batch, columns)  # [T+1, B, A], [T+1, B]
         if value_norm is not None:
             baseline = value_norm.denormalize(baseline)
         actions = batch["action"][:-1].long()  # [T, B]

@@ -316,3 +316,18 @@ def test_a_model_that_normalizes_its_input_keeps_the_statistics_in_its_state_dic
     else:
         torch.testing.assert_close(features, zeros.torso(torch.zeros(1, *shape, dtype=torch.uint8)))
     assert "obs_norm" not in {n.split(".")[1] for n in make_model(kind, shape, 2).state_dict() if "." in n}
+
+
+def test_running_norm_moments_of_frames_are_exact_integer_sums():
+    gen = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, 256, (3, 10, 2, 5, 6), dtype=torch.uint8, generator=gen)
+    n, total, square = RunningNorm((2, 5, 6)).moments(frames[:, ::2])  # not contiguous: every other column
+    as_int = frames[:, ::2].reshape(-1, 2, 5, 6).long()
+    assert n == 15 and total.dtype == square.dtype == torch.float64
+    assert torch.equal(total, as_int.sum(0).double()) and torch.equal(square, as_int.square().sum(0).double())
+    float_path = RunningNorm((2, 5, 6)).moments(frames[:, ::2].float())  # the chunked float32 sums
+    assert torch.equal(float_path[1], total) and torch.equal(float_path[2], square)
+    # more rows of 255 than an int32 sum of squares holds (2^31 / 255^2 = 33,025): chunks keep it exact
+    rows = 40_000
+    n, total, square = RunningNorm((1,)).moments(torch.full((rows, 1), 255, dtype=torch.uint8))
+    assert (n, float(total), float(square)) == (rows, 255.0 * rows, 255.0**2 * rows)
