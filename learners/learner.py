@@ -140,6 +140,8 @@ class Learner:
         self._loss_fn = torch.compile(self._eager_loss) if config.compile else self._eager_loss
         self._evaluate_fn = torch.compile(self.forward) if config.compile else self.forward
         """the model without gradients (``evaluate``), compiled where the loss is"""
+        self._evaluate_compiled = config.compile
+        """whether ``evaluate`` runs compiled (False after a failed compile fell back to eager)"""
         self.frames_per_update = config.batch_size * self.unroll_length * config.frames_per_step
         self._obs_norm = getattr(getattr(model, "torso", None), "obs_norm", None)
         """the model's input statistics (``learners.models.RunningNorm``), updated from every batch before its loss"""
@@ -322,29 +324,30 @@ class Learner:
     def evaluate(self, batch: dict[str, torch.Tensor], columns: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's logits ``[T+1, B, A]`` and baseline ``[T+1, B]`` (float32) over a
         time-major batch, without gradients, in the loss's precision (bf16 autocast where the
-        config says): ``columns`` columns at a time, compiled where the loss is (a compile
-        that fails falls back to eager once). A Pong batch of 64 unrolls whole took about twice
-        as long as in chunks of 16 compiled (docs/results/learner-cost-cpu): its activations
-        in float are gigabytes."""
+        config says): ``columns`` (>= 1) columns at a time, so that a Pong batch's activations
+        are not gigabytes at once, compiled where the loss is (a compile that fails falls back
+        to eager once)."""
+        columns = max(1, columns)
+        total = batch["done"].shape[1]
         outs = []
-        for start in range(0, batch["done"].shape[1], max(1, columns)):
+        for start in range(0, max(total, 1), columns):
             chunk = {k: v[:, start : start + columns] for k, v in batch.items()}  # core states are [layers, B, ...]
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
-                try:
-                    out = self._evaluate_fn(chunk)
-                except Exception as e:  # noqa: BLE001 - any compiler failure: say so once and run eager
-                    if self._evaluate_fn == self.forward:
-                        raise
-                    print(
-                        f"learner: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); evaluating eager",
-                        flush=True,
-                    )
-                    self._evaluate_fn = self.forward
-                    out = self.forward(chunk)
+                out = self._evaluate_chunk(chunk)
             outs.append((out.policy_logits.float(), out.baseline.float()))
         if len(outs) == 1:
             return outs[0]
         return torch.cat([o[0] for o in outs], 1), torch.cat([o[1] for o in outs], 1)
+
+    def _evaluate_chunk(self, chunk: dict[str, torch.Tensor]) -> ModelOutput:
+        if not self._evaluate_compiled:
+            return self.forward(chunk)
+        try:
+            return self._evaluate_fn(chunk)
+        except Exception as e:  # noqa: BLE001 - any compiler failure: say so once and run eager
+            print(f"learner: torch.compile failed ({type(e).__name__}: {str(e)[:200]}); evaluating eager", flush=True)
+            self._evaluate_compiled = False
+            return self.forward(chunk)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> ModelOutput:
         """The model over a time-major batch, from the core state stored at the start of each unroll."""

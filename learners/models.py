@@ -79,9 +79,7 @@ _U8_CHUNK = 32768
 @njit(nogil=True, cache=True)
 def _uint8_moments(x: np.ndarray, total: np.ndarray, square: np.ndarray) -> None:
     """Add each column's sum and sum of squares of the uint8 rows ``x [N, D]`` to ``total`` and
-    ``square`` (int64 ``[D]``): int32 within chunks of ``_U8_CHUNK`` rows (vector instructions
-    over a row), int64 across them. A float conversion of a Pong batch first (8192 rows of
-    28,224 bytes) took 20-30x as long."""
+    ``square`` (int64 ``[D]``): int32 within chunks of ``_U8_CHUNK`` rows, int64 across them."""
     n, d = x.shape
     chunk_sum = np.zeros(d, np.int32)
     chunk_square = np.zeros(d, np.int32)
@@ -106,7 +104,8 @@ class RunningNorm(nn.Module):
     first update replaces it). The statistics are buffers, so
     they travel with the state dict (checkpoints, ``WeightStore``); ``update`` changes them in
     place, merging each batch's moments into them (Chan et al.'s parallel formula, in float64; a
-    batch's sums are float32 within chunks of ``_NORM_CHUNK`` rows, exact for frames)."""
+    batch's sums are integers for uint8 frames on the CPU, ``_uint8_moments``, and otherwise float32
+    within chunks of ``_NORM_CHUNK`` rows, exact for frames)."""
 
     def __init__(self, shape: Sequence[int], eps: float = 1e-5, clip: float = 5.0):
         super().__init__()
@@ -135,7 +134,9 @@ class RunningNorm(nn.Module):
         if tuple(x.shape[x.dim() - len(self.shape) :]) != self.shape:
             raise ValueError(f"RunningNorm of shape {self.shape}: got a batch of shape {tuple(x.shape)}")
         flat = x.reshape(-1, *self.shape)
-        if flat.dtype == torch.uint8 and flat.device.type == "cpu":  # frames: exact integer sums, one pass
+        if (
+            flat.dtype == torch.uint8 and flat.device.type == "cpu" and flat.shape[0]
+        ):  # frames: exact integer sums, one pass
             total_sum = np.zeros(int(np.prod(self.shape)), dtype=np.int64)
             total_square = np.zeros_like(total_sum)
             _uint8_moments(flat.contiguous().numpy().reshape(flat.shape[0], -1), total_sum, total_square)

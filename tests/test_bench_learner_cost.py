@@ -91,6 +91,8 @@ def test_the_command_reports_every_arm_and_phase():
         (["--arm=--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--rounds", "0"], "--rounds and --updates must be >= 1, got 0 and 2"),
         (["--env", "CartPole-v1"], "bench.impala flags go in --common or --arm"),
+        (["--arm", "--device cuda"], "measures a learner on the CPU (its peak too), got --device cuda"),
+        (["--common=--use-lstm"], "measures feed-forward models only; drop --use-lstm"),
     ],
 )
 def test_bad_arguments_fail_before_any_measurement(args, message, capsys, monkeypatch):

@@ -401,3 +401,39 @@ def test_appo_with_standardised_values_runs_v_trace_in_returns_units_and_learns_
 def test_bad_appo_settings_are_named(kw, error, match):
     with pytest.raises(error, match=match):
         LearnerConfig(**kw).check()
+
+
+def test_evaluate_in_chunks_of_columns_gives_the_whole_batchs_outputs(shm_leak_check, capsys):
+    torch.manual_seed(0)
+    model = make_model("mlp", OBS, A, use_lstm=True, last_action_reward=True)
+    shapes = [(s.shape[0], *s.shape[2:]) for s in model.initial_state(1)]
+    spec = trajectory_spec(
+        EnvSpec("Test-v0", OBS, np.dtype(np.float32), (), np.dtype(np.int64), A), T, core_state_shapes=shapes
+    )
+    ring = TypedRing.create(spec, capacity=4 * B)
+    try:
+        learner = Learner(model, ring, LearnerConfig(batch_size=B, algo="appo"))
+        _fill(ring, B, 5)
+        batch = {k: torch.from_numpy(v.copy()).transpose(0, 1) for k, v in ring.get_batch(B, timeout=5).items()}
+        ring.release()
+        batch["done"][2, 1] = batch["done"][4, 3] = 1  # the core restarts mid-unroll in two columns
+        for field in learner.core_state_fields:  # [layers, B, hidden]: a different stored state per column
+            batch[field] = torch.randn(batch[field].shape)
+        whole = learner.forward(batch)
+        for columns in (1, 3, B, 2 * B, 0):
+            logits, baseline = learner.evaluate(batch, columns)
+            torch.testing.assert_close(logits, whole.policy_logits.detach(), rtol=0, atol=1e-6)
+            torch.testing.assert_close(baseline, whole.baseline.detach(), rtol=0, atol=1e-6)
+            assert not logits.requires_grad and logits.dtype == baseline.dtype == torch.float32
+
+        def broken(chunk):
+            raise RuntimeError("inductor says no")
+
+        learner._evaluate_fn, learner._evaluate_compiled = broken, True  # as a compile that fails
+        logits, _ = learner.evaluate(batch, 3)
+        torch.testing.assert_close(logits, whole.policy_logits.detach(), rtol=0, atol=1e-6)
+        learner.evaluate(batch, 3)
+        out = capsys.readouterr().out
+        assert out.count("torch.compile failed (RuntimeError: inductor says no); evaluating eager") == 1, out
+    finally:
+        ring.close()

@@ -331,3 +331,5 @@ def test_running_norm_moments_of_frames_are_exact_integer_sums():
     rows = 40_000
     n, total, square = RunningNorm((1,)).moments(torch.full((rows, 1), 255, dtype=torch.uint8))
     assert (n, float(total), float(square)) == (rows, 255.0 * rows, 255.0**2 * rows)
+    n, total, square = RunningNorm((2, 3)).moments(torch.zeros(0, 2, 3, dtype=torch.uint8))  # no rows
+    assert n == 0 and torch.equal(total, torch.zeros(2, 3, dtype=torch.float64)) and torch.equal(square, total)

@@ -180,8 +180,8 @@ def peak_gflops(dtype: torch.dtype, seconds: float = PEAK_SECONDS) -> float:
 
 class Phases:
     """Seconds (and, with a ``FlopCounterMode``, floating-point operations) of each phase of
-    ``learner``'s updates, by wrapping its methods: ``targets`` (APPO's forward pass without
-    gradients over the whole batch), ``forward`` (the model and the loss of a minibatch, or of
+    ``learner``'s updates, by wrapping its methods: ``targets`` (APPO's targets: the forward pass
+    without gradients over the batch, V-trace, the value statistics), ``forward`` (the model and the loss of a minibatch, or of
     IMPALA's batch), ``backward`` (zeroing and computing the gradients), ``optimizer``
     (clipping and the optimiser's step), ``other`` (the rest of ``Learner.update``: choosing
     minibatches, the statistics, the schedule, publishing)."""
@@ -199,7 +199,8 @@ class Phases:
         # a failed compile falls back to the eager loss
         learner._eager_loss = learner._loss_fn if eager else self._timed("forward", learner._eager_loss)
         compute_loss = learner.compute_loss
-        learner.compute_loss = self._timed("backward", compute_loss, minus=("forward",))
+        # (after a failed compile, compute_loss calls itself again: the inner call's backward is its own)
+        learner.compute_loss = self._timed("backward", compute_loss, minus=("forward", "backward"))
         learner.optimizer_step = self._timed("optimizer", learner.optimizer_step)
         learner.update = self._timed("other", learner.update, minus=("targets", "forward", "backward", "optimizer"))
 
@@ -419,9 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--rounds and --updates must be >= 1, got {args.rounds} and {args.updates}")
     if args.measure:  # one measurement, in the process main() started
         flags = rest[1:] if rest[:1] == ["--"] else rest
-        job = train.resolve(train.parse_args(flags, prog="python -m bench.impala.learner_cost"))
-        if job.model.use_lstm:
-            raise SystemExit("bench.impala.learner_cost measures feed-forward models only; drop --use-lstm")
+        job = train.resolve(_job_args(flags))
         print(REPORT_PREFIX + json.dumps(measure(job, args.updates, count=not args.no_count)), flush=True)
         return 0
     if rest:
@@ -429,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = args.arm or [""]
     parsed = [_split_isa(f"{args.common} {arm}") for arm in arms]
     for _, flags in parsed:
-        train.parse_args(flags, prog="python -m bench.impala.learner_cost")  # a bad flag fails here, before any run
+        _job_args(flags)  # a bad flag fails here, before any run
     names = [arm.strip() or "(defaults)" for arm in arms]
     results: list[list[dict]] = [[] for _ in arms]
     for r in range(args.rounds):
@@ -464,6 +463,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     _print(report)
     return 1 if any("error" in s for s in summaries.values()) else 0
+
+
+def _job_args(flags: list[str]) -> train.Args:
+    """bench.impala's options from ``flags``, for a job this command can measure."""
+    args = train.parse_args(flags, prog="python -m bench.impala.learner_cost")
+    if args.use_lstm:
+        raise SystemExit("bench.impala.learner_cost measures feed-forward models only; drop --use-lstm")
+    if args.device != "cpu":
+        raise SystemExit(
+            f"bench.impala.learner_cost measures a learner on the CPU (its peak too), got --device {args.device}"
+        )
+    return args
 
 
 def _cpu_name() -> str:
