@@ -48,6 +48,8 @@ class Appo:
 
     def __init__(self, learner: Learner):
         self.learner = learner
+        self._taken: dict[str, torch.Tensor] = {}
+        """each field's minibatch (``take``)"""
         self.last: dict[str, torch.Tensor] = {}
         """the last batch's clip fraction and KL (tensors: read, and synchronised, only by statistics)"""
 
@@ -75,7 +77,9 @@ class Appo:
         for epoch, order in enumerate(orders):
             for k in range(config.minibatches):
                 columns = order[k * size : (k + 1) * size]
-                minibatch = {name: v[:, columns] for name, v in batch.items()}  # every field is [*, B, ...]
+                minibatch = {
+                    name: self.take(name, v, columns) for name, v in batch.items()
+                }  # every field is [*, B, ...]
                 chosen = {name: v[:, columns] for name, v in targets.items()}
                 if config.normalize_advantages:
                     chosen["advantages"] = _standardised(chosen["advantages"], scales, epoch, k)
@@ -92,6 +96,18 @@ class Appo:
         steps = config.epochs * config.minibatches
         self.last = {"clip_fraction": clipped / steps, "approx_kl": kl / steps}
         return loss
+
+    def take(self, name: str, values: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """``values[:, columns]`` (``[*, b, ...]``), copied into a tensor this learner keeps for
+        ``name``'s minibatches: a fresh one per minibatch costs the pages of a new allocation,
+        and a Pong minibatch's frames are 58 MB (index_select took 41 ms into a new tensor and
+        12 ms into a kept one, docs/results/learner-cost-cpu/take.txt). The tensor is overwritten by the
+        next minibatch, after this one's backward pass."""
+        shape = (values.shape[0], len(columns), *values.shape[2:])
+        out = self._taken.get(name)
+        if out is None or out.shape != shape or out.dtype != values.dtype or out.device != values.device:
+            out = self._taken[name] = torch.empty(shape, dtype=values.dtype, device=values.device)
+        return torch.index_select(values, 1, columns, out=out)
 
     def orders(self, columns: int) -> list[torch.Tensor]:
         """The order of a batch's ``columns`` in each epoch (a random permutation each): epoch

@@ -88,6 +88,7 @@ def test_the_command_reports_every_arm_and_phase():
     "args, message",
     [
         (["--arm", "--isa avx9"], "--isa takes one of ['avx2', 'native'], got ['avx9']"),
+        (["--arm", "--thp yes"], "--thp takes one of ['off', 'on'], got ['yes']"),
         (["--arm=--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--rounds", "0"], "--rounds and --updates must be >= 1, got 0 and 2"),
         (["--env", "CartPole-v1"], "bench.impala flags go in --common or --arm"),

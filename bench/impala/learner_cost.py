@@ -16,7 +16,7 @@ runs ``LEARNER_SECONDS`` s in a process tree of its own (``bench.common.harness.
     python -m bench.impala.learner_cost --common "--batch-size 16 --epochs 1" --updates 3 --rounds 5
 
 Each arm (bench.impala's flags after ``--common``; ``--isa avx2`` runs it on AVX2's kernels
-only, ``ISAS``) is measured in a process of its own, in ``--rounds`` interleaved rounds: the
+only, ``ISAS``; ``--thp on`` with torch's large tensors on transparent huge pages) is measured in a process of its own, in ``--rounds`` interleaved rounds: the
 cores' peak (``peak_gflops``: a 2048 x 2048 matrix product in fp32 and in bf16 on the
 plan's learner threads), the floating-point operations of an update (``FlopCounterMode``:
 the matrix products and convolutions, forward and backward), then ``--updates`` updates
@@ -292,26 +292,34 @@ TARGET_OF_PEAK = 0.6
 """issue 46's target: the APPO update at this share of the cores' fp32 peak"""
 
 
-def _split_isa(flags: str) -> tuple[str, list[str]]:
-    """An arm's ``--isa`` (``ISAS``; native when absent) and its job flags."""
+OWN_FLAGS = {"--isa": ISAS, "--thp": {"off": {}, "on": {"THP_MEM_ALLOC_ENABLE": "1"}}}
+"""an arm's flags that set its process's environment (read when torch loads): ``--isa`` (``ISAS``)
+and ``--thp on`` (torch's CPU allocator asks for transparent huge pages for large tensors)"""
+
+
+def _split_own(flags: str) -> tuple[dict[str, str], list[str]]:
+    """An arm's environment from its ``OWN_FLAGS`` (the first value of each: native, off) and its job flags."""
     words = shlex.split(flags)
-    isa = "native"
-    if "--isa" in words:
-        i = words.index("--isa")
-        if i + 1 >= len(words) or words[i + 1] not in ISAS:
-            raise SystemExit(f"--isa takes one of {sorted(ISAS)}, got {words[i + 1 : i + 2] or 'nothing'} in {flags!r}")
-        isa = words[i + 1]
-        del words[i : i + 2]
-    return isa, words
+    env: dict[str, str] = {}
+    for flag, values in OWN_FLAGS.items():
+        if flag in words:
+            i = words.index(flag)
+            if i + 1 >= len(words) or words[i + 1] not in values:
+                got = words[i + 1 : i + 2] or "nothing"
+                raise SystemExit(f"{flag} takes one of {sorted(values)}, got {got} in {flags!r}")
+            env.update(values[words[i + 1]])
+            del words[i : i + 2]
+    return env, words
 
 
-def _measure_in_process(isa: str, flags: list[str], updates: int, count: bool) -> dict:
-    """``measure`` in a process of its own, started with ``ISAS[isa]``'s environment (read when
-    torch loads, so it cannot be set in this one)."""
-    env = dict(os.environ, **ISAS[isa])
-    if isa != "native" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+def _measure_in_process(own_env: dict[str, str], flags: list[str], updates: int, count: bool) -> dict:
+    """``measure`` in a process of its own, started with ``own_env`` (``_split_own``) in its
+    environment (read when torch loads, so it cannot be set in this one)."""
+    env = dict(os.environ, **own_env)
+    if "ATEN_CPU_CAPABILITY" in own_env and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         # inductor's cache does not key its kernels by the ISA: one compiled for AVX-512 failed
         # ("tuple args required") when loaded under ATEN_CPU_CAPABILITY=avx2
+        isa = own_env["ATEN_CPU_CAPABILITY"]
         env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor-{os.getuid()}-{isa}")
     own = ["--measure", "--updates", str(updates), *([] if count else ["--no-count"])]
     cmd = [sys.executable, "-m", "bench.impala.learner_cost", *own, "--", *flags]
@@ -402,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=None,
         metavar="FLAGS",
-        help="bench.impala flags of one arm (repeat); may hold --isa native|avx2",
+        help="bench.impala flags of one arm (repeat); may hold --isa native|avx2 and --thp off|on",
     )
     parser.add_argument("--common", default="", metavar="FLAGS", help="bench.impala flags every arm starts with")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds [{ROUNDS}]")
@@ -426,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         raise SystemExit(f"unknown arguments {rest}: bench.impala flags go in --common or --arm")
     arms = args.arm or [""]
-    parsed = [_split_isa(f"{args.common} {arm}") for arm in arms]
+    parsed = [_split_own(f"{args.common} {arm}") for arm in arms]
     for _, flags in parsed:
         _job_args(flags)  # a bad flag fails here, before any run
     names = [arm.strip() or "(defaults)" for arm in arms]
