@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import sys
 from typing import Any
@@ -87,3 +88,15 @@ def test_the_algorithm_rows_name_the_same_settings():
     assert set(defaults.IMPALA) == set(defaults.PPO)
     for _, _, row in defaults.ROWS:
         assert set(row) <= {f.name for f in dataclasses.fields(options.Args)}
+
+
+@pytest.mark.parametrize("given, runs", [(None, "1"), ("0", "0"), ("1", "1")])
+def test_the_job_turns_huge_pages_on_unless_the_environment_says(given, runs, monkeypatch, capsys):
+    if given is None:
+        monkeypatch.delenv(train.HUGE_PAGES, raising=False)
+    else:
+        monkeypatch.setenv(train.HUGE_PAGES, given)
+    with pytest.raises(SystemExit):
+        train.main(["--help"])  # set before the options are read, so before any tensor of the job
+    capsys.readouterr()
+    assert os.environ[train.HUGE_PAGES] == runs

@@ -50,6 +50,8 @@ class Args:
     """where to write the samples (one row each)"""
     job: str = DEFAULT_JOB
     """the command to soak (split like a shell would, run without one)"""
+    leftover_seconds: float = LEFTOVER_WAIT_S
+    """after the job's first process ended, how long the rest of its tree may take to follow before it counts as left over"""
 
 
 def growth(times_h: list[float], values: list[float]) -> tuple[float, float]:
@@ -66,10 +68,10 @@ def growth(times_h: list[float], values: list[float]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = parser_for(Args, "python -m bench.soak", __doc__.split("\n")[0])
     args = Args(**vars(parser.parse_args(argv)))
-    if not args.hours > 0 or not args.sample_seconds > 0 or args.warmup_minutes < 0:
+    if not args.hours > 0 or not args.sample_seconds > 0 or args.warmup_minutes < 0 or args.leftover_seconds < 0:
         parser.error(
-            f"--hours and --sample-seconds must be positive and --warmup-minutes >= 0, got {args.hours}, "
-            f"{args.sample_seconds} and {args.warmup_minutes}"
+            f"--hours and --sample-seconds must be positive and --warmup-minutes and --leftover-seconds >= 0, got "
+            f"{args.hours}, {args.sample_seconds}, {args.warmup_minutes} and {args.leftover_seconds}"
         )
     command = shlex.split(args.job)
     if not command:
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if ended_by_itself:
         print(f"soak: the job ended by itself after {time.monotonic() - start:.0f} s with code {job.returncode}")
     report(rows, args.warmup_minutes * 60)
-    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    deadline = time.monotonic() + args.leftover_seconds
     while tree.pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     left = tree.pids()
