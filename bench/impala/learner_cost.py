@@ -78,6 +78,14 @@ def _prepared_unroll(job: train.Job, spec) -> dict[str, np.ndarray]:
     return out
 
 
+def _ready_batch(job: train.Job, spec) -> dict[str, torch.Tensor]:
+    """A time-major batch ``[T+1, B, ...]`` of ``B`` copies of the prepared unroll, on the job's device."""
+    unroll = _prepared_unroll(job, spec)
+    return {
+        k: torch.from_numpy(np.stack([v] * job.learner.batch_size, axis=1)).to(job.device) for k, v in unroll.items()
+    }
+
+
 def _updates_per_s(step: Callable[[], None]) -> tuple[float, float]:
     for _ in range(WARMUP_UPDATES):
         step()
@@ -95,11 +103,7 @@ def _bare_loop(job: train.Job, spec) -> dict:
     try:
         model = train.build_model(job, spec.obs_shape, spec.num_actions)
         learner = Learner(model, ring, dataclasses.replace(job.learner, frames_per_step=1), None, job.device)
-        unroll = _prepared_unroll(job, spec)
-        batch = {
-            k: torch.from_numpy(np.stack([v] * job.learner.batch_size, axis=1)) for k, v in unroll.items()
-        }  # [T+1, B]
-        batch = {k: v.to(learner.device) for k, v in batch.items()}
+        batch = _ready_batch(job, spec)
         rate, _ = _updates_per_s(lambda: learner.update(batch))
         return {"updates_per_s": rate, "wait_share": 0.0}
     finally:
@@ -250,9 +254,7 @@ def measure(job: train.Job, updates: int, count: bool = True) -> dict:
     to warm up, each phase's seconds."""
     torch.set_num_threads(job.plan.learner_threads)
     spec = job.env.spec()
-    unroll = _prepared_unroll(job, spec)
-    batch = {k: torch.from_numpy(np.stack([v] * job.learner.batch_size, axis=1)) for k, v in unroll.items()}
-    batch = {k: v.to(job.device) for k, v in batch.items()}  # [T+1, B, ...]
+    batch = _ready_batch(job, spec)
     # bf16's peak only where the arm runs in bf16 (where the CPU has no bf16 it is emulated:
     # one product took about 45 s under --isa avx2)
     peak = {"fp32": peak_gflops(torch.float32), "bf16": peak_gflops(torch.bfloat16) if job.learner.bf16 else None}
