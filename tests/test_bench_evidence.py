@@ -132,3 +132,14 @@ def test_ringbuf_save(tmp_path):
     machine = json.loads(read(folder / "machine.json"))
     assert machine["argv"] == [*argv, "--save", str(folder)]
     assert machine.keys() >= MACHINE_KEYS
+
+
+def test_cpu_model_and_flags_read_the_first_cpu_of_cpuinfo_and_nothing_else():
+    text = (
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 avx512_bf16\n"
+        "processor\t: 1\nmodel name\t: another\nflags\t\t: fpu\nbugs\t\t: avx512_bf16_is_not_a_flag_here\n"
+    )
+    assert evidence.cpu_model(text) == "AMD EPYC 9R14"
+    assert evidence.cpu_flags(text) == ["fpu", "avx2", "avx512_bf16"]
+    assert evidence.cpu_model("") is None and evidence.cpu_flags("") == []
+    assert evidence.cpu_model("flags\t: fpu\n") is None  # a CPU without a model name (some ARM kernels)

@@ -219,6 +219,21 @@ def test_the_plan_fills_the_cores_and_keeps_what_was_given(kw, cores, expected):
     assert (p.num_actors, p.num_workers, p.envs_per_worker, p.learner_threads, p.compile, p.bf16) == expected
 
 
+def test_appo_on_a_cpu_gives_its_learner_every_core_unpinned_and_keeps_what_was_given():
+    from bench.impala.plan import PIN_BY_DEFAULT
+
+    appo = make_plan(_args(algo="appo", batch_size=64, pin="auto"), cores=2, cpu_bf16=True)
+    assert (appo.learner_threads, appo.pin) == (2, False)  # its actors sleep most of each update
+    assert make_plan(_args(algo="appo", batch_size=64), cores=16, cpu_bf16=True).learner_threads == 16
+    assert make_plan(_args(algo="appo", batch_size=64), cores=1, cpu_bf16=True).learner_threads == 1
+    given = make_plan(_args(algo="appo", batch_size=64, learner_threads=1, pin="on"), cores=2, cpu_bf16=True)
+    assert (given.learner_threads, given.pin) == (1, True)
+    impala = make_plan(_args(algo="impala", pin="auto"), cores=2, cpu_bf16=True)
+    assert (impala.learner_threads, impala.pin) == (1, PIN_BY_DEFAULT)  # IMPALA's actors are busy
+    assert make_plan(_args(algo="appo", batch_size=64, model="mlp"), cores=2).learner_threads == 1  # an MLP's actors bound it
+    assert make_plan(_args(algo="appo", batch_size=64, device="cuda"), cores=16).learner_threads == 1
+
+
 def test_the_plan_runs_a_conv_learner_in_bf16_on_a_cpu_that_computes_it():
     from bench.impala.plan import cpu_has_bf16
 

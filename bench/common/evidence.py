@@ -34,7 +34,18 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-__all__ = ["FILES", "REPORT_PREFIX", "SAVE_HELP", "add_save_option", "machine", "report_lines", "save_dir", "saving"]
+__all__ = [
+    "FILES",
+    "REPORT_PREFIX",
+    "SAVE_HELP",
+    "add_save_option",
+    "cpu_flags",
+    "cpu_model",
+    "machine",
+    "report_lines",
+    "save_dir",
+    "saving",
+]
 
 FILES = ("stdout.txt", "stderr.txt", "report.jsonl", "machine.json")
 """what ``--save DIR`` writes into DIR (report.jsonl only when the run printed a JSON report)"""
@@ -149,7 +160,7 @@ def machine() -> dict:
         "hostname": platform.node(),
         "nproc": len(os.sched_getaffinity(0)),
         "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "loadavg_start": list(os.getloadavg()),
         "python": platform.python_version(),
         "numpy": _version("numpy"),
@@ -184,13 +195,24 @@ class _Tee(io.TextIOBase):
         return self._stream.encoding
 
 
-def _cpu_model() -> str | None:
-    with contextlib.suppress(OSError):
+def _cpuinfo() -> str:
+    try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return None
+            return f.read()
+    except OSError:  # not Linux
+        return ""
+
+
+def cpu_model(cpuinfo: str | None = None) -> str | None:
+    """The CPU's model name from ``/proc/cpuinfo`` (or the text given); None where it has none."""
+    lines = (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The first CPU's feature flags from ``/proc/cpuinfo`` (or the text given); empty where it has none."""
+    lines = (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines()
+    return next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
 
 
 def _git_commit() -> str | None:

@@ -59,6 +59,7 @@ import sys
 from dataclasses import dataclass
 
 from bench.common.cli import parser_for
+from bench.common.evidence import cpu_model
 from bench.elastic.group import RECOVER_S, RunFailed, run_arm, run_arms_together
 from bench.elastic.learner import TOKEN
 from bench.elastic.report import HEADER, ArmFigures, figures, table
@@ -273,11 +274,7 @@ def _run_round(backend: str, r: int, args: Args, settings: dict) -> dict[bool, A
 
 
 def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "an unknown CPU"
+    return cpu_model() or platform.processor() or "an unknown CPU"
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import torch
 
 import shmpad as lp
 from actors.trajectory import trajectory_spec
-from bench.common.evidence import REPORT_PREFIX, add_save_option, machine, saving
+from bench.common.evidence import REPORT_PREFIX, add_save_option, cpu_flags, cpu_model, saving
 from bench.impala import train
 from learners.learner import Learner
 from shmpad.ringbuf import TypedRing
@@ -489,14 +489,9 @@ def _job_args(flags: list[str]) -> train.Args:
 
 def _cpu_name() -> str:
     """This CPU's model and the vector instructions that matter here (from ``/proc/cpuinfo``)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    flags = cpu_flags()
     kinds = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{machine()['cpu_model'] or 'CPU'} ({' '.join(kinds) or 'no AVX2'})"
+    return f"{cpu_model() or 'CPU'} ({' '.join(kinds) or 'no AVX2'})"
 
 
 if __name__ == "__main__":

@@ -41,6 +41,17 @@ measures the learner's side). A figure is stated only where its output is kept u
   avx512_bf16) a compiled 1-thread Nature-CNN update ran 1.81-2.08x as many updates/s as
   in fp32, and the IMPALA Pong job 1.23x the frames/s (docs/results/cpu-bf16). Elsewhere
   bf16 is emulated and slower, so it stays off.
+- CPU, APPO (Atari's default): its learner takes each batch 4 epochs x 4 minibatches, so
+  it is the bound by far and the actors, with their ring full, sleep most of each update
+  (on 2 cores: the env workers busy 21% and the learner never waiting, in the runs below).
+  So the learner gets every core as a torch thread and nothing is pinned: the OS gives
+  the actors' core back to the learner while they sleep. On the 2-core machine (AMD
+  EPYC, AVX512-BF16) the default Pong job ran 1.34x the frames/s of the pinned 1-thread
+  learner, the median of 2 interleaved rounds (2,974 and 3,248 against 2,329 and 2,327:
+  ``python -m bench.impala.compare --common "--total-frames 1_000_000_000" --arm ""
+  --arm "--learner-threads 2 --pin off" --rounds 2 --seconds 150``, run before this rule,
+  whose first arm was then the default; docs/results/cpu-two-cores). Measured on 2 cores
+  only; on more, ``--arm "--learner-threads N --pin on"`` against the default measures it.
 - CPU, pinning (``--pin on``): the learner runs on its own cores (the first
   ``learner_threads``) and the actors with their env workers on the others, so that
   neither preempts the other (``PythonProcess(cpus=...)``): the IMPALA Pong job ran
@@ -88,6 +99,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors import EnvConfig
+from bench.common.evidence import cpu_flags
 
 __all__ = [
     "Plan",
@@ -102,7 +114,7 @@ __all__ = [
 
 AUTO = "auto"
 PIN_BY_DEFAULT = True
-"""whether ``--pin auto`` pins a convolutional model's job on a CPU: yes, 1.22x frames/s on 2 cores with an fp32 learner, 1.03x with bf16 (docs/results/cpu-pinning)"""
+"""whether ``--pin auto`` pins a convolutional model's IMPALA job on a CPU (not APPO's: the docstring's APPO rule): yes, 1.22x frames/s on 2 cores with an fp32 learner, 1.03x with bf16 (docs/results/cpu-pinning)"""
 ENVS_PER_WORKER = 16
 MLP_MAX_ACTORS = 2
 """an MLP's actors on a CPU, one per core up to this: once the learner rarely waits for data, more
@@ -146,14 +158,7 @@ def usable_cores() -> int:
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes bf16 natively (AMX or AVX512-BF16, from the flags of
     ``/proc/cpuinfo``, or of the text given); elsewhere bf16 is emulated and slower than fp32."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return False
-    lines = cpuinfo.splitlines()
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    flags = cpu_flags(cpuinfo)
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
@@ -192,13 +197,18 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     workers = args.num_workers or workers
     envs = args.envs_per_worker or (ENVS_PER_WORKER if conv or cuda else MLP_ENVS_PER_WORKER)
     appo = getattr(args, "algo", "impala") == "appo"
+    appo_cpu = appo and conv and not cuda
+    if appo_cpu and cores >= 2:
+        threads = cores  # its actors sleep most of each update (the docstring's APPO rule)
     if appo and not args.envs_per_worker:
         # at least one batch of environments, as PPO steps: no unroll of a batch continues another's game
         envs = max(envs, -(-args.batch_size // (actors * workers)))
     threads = args.learner_threads or threads
     compile_ = _switch(args.compile, "compile", conv and not args.use_lstm and not cuda)
     bf16 = _switch(args.bf16, "bf16", conv and (cuda or cpu_bf16))
-    pin = _switch(getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and cores >= 2)
+    pin = _switch(
+        getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and not appo_cpu and cores >= 2
+    )
     return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
 
 

@@ -56,6 +56,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from bench.common.evidence import cpu_model
 from bench.common.jobs import exit_on_sigterm, start_job
 from bench.impala import rundir, train
 from bench.impala.compare import STOP_GRACE_S, _await_session_end
@@ -298,9 +299,7 @@ def summarize(targets: list[float], results: list[dict]) -> dict:
 
 def machine() -> dict:
     info = {"host": platform.node(), "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version()}
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    info["cpu"] = cpu_model() or ""
     with contextlib.suppress(OSError):
         info["load"] = open("/proc/loadavg").read().split()[:3]
     import torch

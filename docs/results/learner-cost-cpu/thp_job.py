@@ -1,10 +1,12 @@
-"""The default job (Pong, APPO) with torch's allocator on transparent huge pages and without, in
-interleaved rounds: each round runs ``python -m bench.impala --total-frames 1_000_000_000`` for
-``SECONDS`` s (``bench.impala.compare.run_one``: its median frames/s over its log rows after the
-first third) once with THP_MEM_ALLOC_ENABLE=0 and once with =1, the order alternating. The variable
-is read when torch first allocates, so it cannot be a flag of one compare run.
+"""A job (the default, Pong with APPO, unless flags follow ROUNDS) with torch's allocator on
+transparent huge pages and without, in interleaved rounds: each round runs ``python -m bench.impala
+--total-frames 1_000_000_000 [FLAGS]`` for ``SECONDS`` s (``bench.impala.compare.run_one``: its median
+frames/s over its log rows after the first third) once with THP_MEM_ALLOC_ENABLE=0 and once with =1,
+the order alternating. The variable is read when torch first allocates, so it cannot be a flag of one
+compare run.
 
-    python docs/results/learner-cost-cpu/thp_job.py OUT [ROUNDS]
+    python docs/results/learner-cost-cpu/thp_job.py OUT [ROUNDS [FLAGS...]]
+    python docs/results/learner-cost-cpu/thp_job.py OUT 2 --algo impala
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from bench.impala.compare import run_one
 SECONDS = 150.0
 
 
-def main(out: str, rounds: int) -> None:
+def main(out: str, rounds: int, flags: list[str]) -> None:
     os.makedirs(out, exist_ok=True)
     got: dict[str, list[dict]] = {"0": [], "1": []}
     for r in range(1, rounds + 1):
         for thp in ("0", "1") if r % 2 else ("1", "0"):
             os.environ["THP_MEM_ALLOC_ENABLE"] = thp
-            figures = run_one(["--total-frames", "1_000_000_000"], os.path.join(out, f"thp{thp}-{r}"), SECONDS)
+            figures = run_one(["--total-frames", "1_000_000_000", *flags], os.path.join(out, f"thp{thp}-{r}"), SECONDS)
             got[thp].append(figures)
             print(f"round {r}, THP_MEM_ALLOC_ENABLE={thp}: {json.dumps(figures)}", flush=True)
     ratios = [b["frames_per_s"] / a["frames_per_s"] for a, b in zip(got["0"], got["1"])]
@@ -34,4 +36,4 @@ def main(out: str, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 2, sys.argv[3:])
