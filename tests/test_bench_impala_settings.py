@@ -90,13 +90,16 @@ def test_the_algorithm_rows_name_the_same_settings():
         assert set(row) <= {f.name for f in dataclasses.fields(options.Args)}
 
 
-@pytest.mark.parametrize("given, runs", [(None, "1"), ("0", "0"), ("1", "1")])
-def test_the_job_turns_huge_pages_on_unless_the_environment_says(given, runs, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "algo, given, runs",
+    [("appo", None, "1"), ("appo", "0", "0"), ("appo", "1", "1"), ("impala", None, None), ("impala", "1", "1")],
+)
+def test_an_appo_job_turns_huge_pages_on_unless_the_environment_says(algo, given, runs, tmp_path, monkeypatch):
     if given is None:
         monkeypatch.delenv(train.HUGE_PAGES, raising=False)
     else:
         monkeypatch.setenv(train.HUGE_PAGES, given)
-    with pytest.raises(SystemExit):
-        train.main(["--help"])  # set before the options are read, so before any tensor of the job
-    capsys.readouterr()
-    assert os.environ[train.HUGE_PAGES] == runs
+    monkeypatch.setattr(train, "prepare_run", lambda args, job: args.total_frames)  # "already there": no tensor
+    out = str(tmp_path / "run")
+    assert train.main(["--algo", algo, "--env", "CartPole-v1", "--total-frames", "1", "--out", out]) == 0
+    assert os.environ.get(train.HUGE_PAGES) == runs

@@ -334,17 +334,20 @@ def prepare_run(args: Args, job: Job) -> int | None:
 
 HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
 """torch's switch for transparent huge pages under its CPU allocator's large tensors, read once, at
-its first allocation; the job turns it on unless the environment sets it (``=0`` keeps it off). On
-the 2-core CPU the default Pong job ran 1.10x and 1.11x the frames/s with it in 2 interleaved
-rounds, its learner's update 1.10x (docs/results/learner-cost-cpu)."""
+its first allocation; an APPO job turns it on unless the environment sets it (``=0`` keeps it off).
+On the 2-core CPU the default Pong job (APPO) ran 1.10x and 1.11x the frames/s with it in 2
+interleaved rounds, its learner's update 1.10x; the IMPALA Pong job ran 0.84x and 0.99x (its learner
+waiting more for the actors), so IMPALA's job leaves it as the environment has it
+(docs/results/learner-cost-cpu)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     # from the command's own start, imports included; called with argv (from Python), from here
     started = time.monotonic() - (seconds_since_start() if argv is None else 0.0)
-    os.environ.setdefault(HUGE_PAGES, "1")  # before the job's first tensor (a checkpoint's, when resuming)
     try:
-        args = parse_args(argv)
+        args = parse_args(argv)  # allocates no tensor: the switch below is read at the first one
+        if args.algo == "appo":
+            os.environ.setdefault(HUGE_PAGES, "1")  # before the job's first tensor (a checkpoint's, when resuming)
         job = resolve(args)
         frames = prepare_run(args, job)
     except (UsageError, rundir.RunDirError) as e:
