@@ -230,7 +230,9 @@ def test_appo_on_a_cpu_gives_its_learner_every_core_unpinned_and_keeps_what_was_
     assert (given.learner_threads, given.pin) == (1, True)
     impala = make_plan(_args(algo="impala", pin="auto"), cores=2, cpu_bf16=True)
     assert (impala.learner_threads, impala.pin) == (1, PIN_BY_DEFAULT)  # IMPALA's actors are busy
-    assert make_plan(_args(algo="appo", batch_size=64, model="mlp"), cores=2).learner_threads == 1  # an MLP's actors bound it
+    assert (
+        make_plan(_args(algo="appo", batch_size=64, model="mlp"), cores=2).learner_threads == 1
+    )  # an MLP's actors bound it
     assert make_plan(_args(algo="appo", batch_size=64, device="cuda"), cores=16).learner_threads == 1
 
 
