@@ -228,6 +228,9 @@ def test_appo_on_a_cpu_gives_its_learner_every_core_unpinned_and_keeps_what_was_
     assert make_plan(_args(algo="appo", batch_size=64), cores=1, cpu_bf16=True).learner_threads == 1
     given = make_plan(_args(algo="appo", batch_size=64, learner_threads=1, pin="on"), cores=2, cpu_bf16=True)
     assert (given.learner_threads, given.pin) == (1, True)
+    pinned = make_plan(_args(algo="appo", batch_size=64, pin="on"), cores=2, cpu_bf16=True)
+    assert (pinned.learner_threads, pinned.pin) == (1, True)  # pinned_cpus leaves the actors a core
+    assert make_plan(_args(algo="appo", batch_size=64, pin="on"), cores=16, cpu_bf16=True).learner_threads == 15
     impala = make_plan(_args(algo="impala", pin="auto"), cores=2, cpu_bf16=True)
     assert (impala.learner_threads, impala.pin) == (1, PIN_BY_DEFAULT)  # IMPALA's actors are busy
     assert (

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from bench.common.cli import parser_for
+from bench.common.evidence import cpu_model
 from bench.common.jobs import exit_on_sigterm
 from bench.hosts.__main__ import core_shares
 from bench.hosts.cost_worker import BACKENDS, Settings
@@ -138,14 +139,8 @@ def loadavg() -> str:
 
 
 def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
-    except OSError:
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows, else "unknown"."""
+    return cpu_model() or platform.processor() or "unknown"
 
 
 def run_arm(arm: Arm, made: Hosts, args: Args, shares: list, port: int) -> list[dict]:

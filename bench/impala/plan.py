@@ -209,6 +209,8 @@ def make_plan(args: Any, cores: int | None = None, cpu_bf16: bool | None = None)
     pin = _switch(
         getattr(args, "pin", "off"), "pin", PIN_BY_DEFAULT and conv and not cuda and not appo_cpu and cores >= 2
     )
+    if pin and not args.learner_threads and cores >= 2:
+        threads = min(threads, cores - 1)  # pinned, the learner has the cores the actors leave (pinned_cpus)
     return Plan(cores, "cuda" if cuda else "cpu", actors, workers, envs, threads, compile_, bf16, pin)
 
 
