@@ -36,6 +36,7 @@ the new group at the batch's first reduction, with every other member.
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -182,6 +183,44 @@ class Learner:
 
         self.config.check_group(virtual_batch_size=kwargs.get("virtual_batch_size", 0))
         self.accumulator = Accumulator(self.model, self.optimizer, self.scheduler, broker=broker, group=group, **kwargs)
+
+    def warm_up(self, timeout: float | None = None) -> bool:
+        """One update on the next batch (waiting up to ``timeout``), then that update undone:
+        the model (its input and value statistics included), the optimiser, the schedule and
+        the update count are put back as they were. The batch's frames and episodes stay
+        counted: they were played. A learner does this before ``join_group`` so that its
+        loss compiles and its actors' first batch arrives while the group goes on without it,
+        not while the group waits for its first reduction. False, with nothing changed,
+        where no batch came within ``timeout``."""
+        if self.accumulator is not None:
+            raise RuntimeError("warm_up() is for a learner outside a group: call it before join_group()")
+        kept = copy.deepcopy(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+            }
+        )
+        steps = self.steps
+        try:
+            self.step(timeout)
+        except Timeout:
+            return False  # no batch came: nothing changed
+        except BaseException:
+            self._put_back(kept, steps)
+            raise
+        self._put_back(kept, steps)
+        return True
+
+    def _put_back(self, kept: dict[str, Any], steps: int) -> None:
+        """The model, optimiser and schedule ``kept``, and ``steps`` updates, as ``warm_up`` found them."""
+        self.model.load_state_dict(kept["model"])
+        self.optimizer.load_state_dict(kept["optimizer"])
+        self.scheduler.load_state_dict(kept["scheduler"])
+        self.steps = steps
+        self.optimizer.zero_grad(set_to_none=True)  # the undone update's gradients go with it
+        if self.publisher is not None:
+            self.publisher.publish(self.steps)  # the actors act with the weights put back, not the undone ones
 
     def step(self, timeout: float | None = None) -> ImpalaLoss | None:
         """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``): its

@@ -437,3 +437,50 @@ def test_evaluate_in_chunks_of_columns_gives_the_whole_batchs_outputs(shm_leak_c
         assert out.count("torch.compile failed (RuntimeError: inductor says no); evaluating eager") == 1, out
     finally:
         ring.close()
+
+
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_a_warm_up_update_is_undone_but_its_batch_stays_counted(ring, algo):
+    """``warm_up`` (what a group member does before it joins): one update on the next batch,
+    then the model (its input statistics too), the optimiser, the schedule and the update
+    count put back and published; the batch's frames and episodes stay counted. The learner
+    then steps exactly as one that never warmed up."""
+    kw = dict(algo="appo", epochs=2, minibatches=2, kl_target=0.01) if algo == "appo" else {}
+
+    def learner(weights=None) -> Learner:
+        torch.manual_seed(0)
+        model = make_model("mlp", OBS, A, normalize_input=True)
+        return Learner(model, ring, LearnerConfig(batch_size=B, lr_decay_frames=100 * B * T, **kw), weights)
+
+    store = WeightStore.create(make_model("mlp", OBS, A, normalize_input=True))
+    try:
+        warmed, plain = learner(store), learner()
+        assert warmed.warm_up(timeout=0.05) is False  # no batch yet: nothing changed
+        _fill(ring, B, 0)
+        assert warmed.warm_up(timeout=5) is True
+        assert ring.statistics().size == 0  # the batch was taken
+        for name, value in plain.model.state_dict().items():
+            assert torch.equal(warmed.model.state_dict()[name], value), name
+        assert int(warmed.model.torso.obs_norm.count) == 0
+        assert warmed.optimizer.state_dict()["state"] == {} and all(p.grad is None for p in warmed.model.parameters())
+        assert warmed.scheduler.state_dict() == plain.scheduler.state_dict()
+        assert warmed.statistics().learning_rate == plain.statistics().learning_rate
+        s = warmed.statistics()
+        assert (s.steps, s.frames, s.episodes) == (0, B * T, B)  # the update undone, the batch's play counted
+        pulled = make_model("mlp", OBS, A, normalize_input=True)
+        store.pull(pulled)  # the actors were given the weights put back
+        for name, value in plain.model.state_dict().items():
+            assert torch.equal(pulled.state_dict()[name], value), name
+        for each in (warmed, plain):
+            _fill(ring, B, 1)
+            torch.manual_seed(1)  # APPO's minibatch orders: the warm-up drew from the generator
+            each.step(timeout=5)
+        for name, value in plain.model.state_dict().items():
+            assert torch.equal(warmed.model.state_dict()[name], value), name
+        assert warmed.statistics().learning_rate == plain.statistics().learning_rate
+        warmed.accumulator = object()  # a member of a group: too late to warm up
+        with pytest.raises(RuntimeError, match="before join_group"):
+            warmed.warm_up(timeout=0.05)
+        warmed.accumulator = None
+    finally:
+        store.close()

@@ -14,8 +14,9 @@ What is the job's own, called as ``bench.impala.train.run_learner`` calls it:
 - the environment's spec (``EnvConfig.spec``: one Pong environment built, reset and
   stepped, as the job's main process does before it launches), the model (``build_model``:
   the Nature CNN by default), the ``Learner`` (its optimiser, schedule, staging and loss,
-  ``torch.compile``d lazily: at its first loss), ``join_group`` with the job's arguments, and
-  every update through ``Learner.step``;
+  ``torch.compile``d lazily: at its first loss), the warm-up before the join
+  (``train.warm_up``: a first update, compiling the loss, then undone), ``join_group`` with
+  the job's arguments, and every update through ``Learner.step``;
 - how it resumes: it joins the group and receives the group's state (weights, optimiser,
   schedule, version) in the state sync of its first ring, as any joiner does. It loads no
   checkpoint: a job started with ``--resume`` would load its own last one before joining,
@@ -25,7 +26,8 @@ What is synthetic: the batches. The trajectory ring is ``SyntheticRing``, which 
 ``Learner.step`` the same prepared batch every time (``bench.impala.learner_cost``'s
 seeded unroll, ``B`` times; the staging copy out of it is the job's); there are no
 actors, no weight store (nothing is published), no progress log and no checkpoints. A
-restarted job also starts its actors and waits for their first batch; that is not here.
+restarted job also starts its actors and waits for their first batch before it joins; that
+wait is not here.
 
 It writes one JSON line per event on the pipe that was its stdout (the job's own prints
 go to stderr); ``t`` is ``time.monotonic()``, and every event also carries ``cpu``, the CPU
@@ -34,9 +36,9 @@ compiler's worker processes')::
 
     {"e": "up", "t", "pid", "argv"}     the interpreter (started with argv) is up, the job imported
     {"e": "built", "t", "p"}            settings, environment spec, model (p parameters), Learner
+    {"e": "compiled", "t", "s"}         its first loss and gradients (the warm-up's; compiling included) took s seconds
     {"e": "joined", "t"}                join_group returned: it has asked the broker to join
     {"e": "synced", "t"}                its first ring formed: the group's state is loaded
-    {"e": "compiled", "t", "s"}         its first loss and gradients (compiling included) took s seconds
     {"e": "step", ...}, {"e": "abandoned", ...}   as ``bench.elastic.learner``'s, one step per update
 
 It trains until stdin reads end-of-file, then leaves the group and exits 0; it dies with
@@ -154,6 +156,7 @@ def run(name: str, argv: list[str], events: int, control: int) -> None:
     learner = Learner(model, _synthetic_ring(job, spec, model), job.learner, None, job.device)
     _time_first_loss(learner, emit)
     emit(e="built", t=time.monotonic(), p=sum(p.numel() for p in model.parameters()))
+    train.warm_up(learner, stop)  # as run_learner: a first update, undone, before the join
     learner.join_group(  # as run_learner
         group.broker,
         group.name,

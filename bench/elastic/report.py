@@ -17,10 +17,10 @@
 - per kill of a job learner (``--restart job``), the new process's way back, each from the
   restart: ``started_s`` (its ``up``: the interpreter up with the job imported),
   ``built_s`` (the job's settings, environment spec, model and ``Learner`` built),
-  ``joined_s`` (it asked the broker to join), ``synced_s`` (its first ring formed, the
-  group's state loaded), ``compiled_s`` (its first loss and gradients done: where the job
-  compiles, the compiling), then ``rejoined_s``. From ``synced_s`` on the group waits for it:
-  the survivors' next reduction is in the ring with it. ``cpu_s``: the CPU seconds the new
+  ``compiled_s`` (its warm-up's first loss and gradients done, before it joins: where the
+  job compiles, the compiling), ``joined_s`` (it asked the broker to join), ``synced_s``
+  (its first ring formed, the group's state loaded), then ``rejoined_s``. From ``synced_s``
+  on the group waits for it: the survivors' next reduction is in the ring with it. ``cpu_s``: the CPU seconds the new
   process had used at each of those (on a loaded machine the seconds are mostly waiting for
   a core; the CPU seconds are the work).
 - identical: for every version more than one learner reached, the digests of their
@@ -238,15 +238,15 @@ def table(clean: ArmFigures | None, faulty: ArmFigures | None) -> list[str]:
 
 HEADER = "backend restart arm      steps/s  samples/s    kept faults  weights identical after every step"
 
-JOB_STAGES = ("built", "joined", "synced", "compiled")
+JOB_STAGES = ("built", "compiled", "joined", "synced")
 """the events a job learner (``bench.elastic.job_learner``) reports on its way into the group, after ``up``"""
 
 STAGE_WORDS = {
     "started_s": "interpreter and imports",
     "built_s": "settings, env spec, model and Learner",
+    "compiled_s": "a first update, undone (compiling)",
     "joined_s": "join",
     "synced_s": "ring and the group's state",
-    "compiled_s": "first loss and gradients (compiling)",
     "rejoined_s": "first step in the group",
 }
 """what each stage of a job learner's way back is, from the end of the one before"""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -198,8 +199,10 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
         learner.load(checkpoint)
         seconds_before = last_seconds(os.path.join(job.out, rundir.LOG))
     group = job.group
+    stop = lp.stop_event()
     if group is not None:
         token = load_token(token_file=group.token_file or None)
+        warm_up(learner, stop)
         learner.join_group(
             group.broker,
             group.name,
@@ -211,7 +214,6 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
         )
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
         print(f"joining group {group.name!r} at {group.broker} as {learner.accumulator.name}", flush=True)
-    stop = lp.stop_event()
     with RunLog(job.out, job.resume) as log:
         board = TensorBoardLog(os.path.join(job.out, "tensorboard")) if job.tensorboard else None
         start = time.monotonic()
@@ -253,6 +255,20 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
     else:
         print(f"stopped at {learner.frames:,} frames; saved {checkpoint}", flush=True)
     lp.stop()
+
+
+def warm_up(learner: Learner, stop: threading.Event) -> None:
+    """Before a group member joins: its first batch, its loss compiled, that update undone
+    (``Learner.warm_up``), so that the group does not wait for its actors' start and its
+    compiling. Returns at once once the program stops."""
+    t0 = time.monotonic()
+    while not stop.is_set():
+        if learner.warm_up(timeout=1.0):
+            print(
+                f"warmed up before joining: a first batch and update in {time.monotonic() - t0:.1f} s, undone",
+                flush=True,
+            )
+            return
 
 
 def report(row: dict, learner: Learner, board: TensorBoardLog | None) -> None:
