@@ -186,12 +186,15 @@ class Learner:
 
     def warm_up(self, timeout: float | None = None) -> bool:
         """One update on the next batch (waiting up to ``timeout``), then that update undone:
-        the model (its input and value statistics included), the optimiser, the schedule and
-        the update count are put back as they were. The batch's frames and episodes stay
-        counted: they were played. A learner does this before ``join_group`` so that its
-        loss compiles and its actors' first batch arrives while the group goes on without it,
-        not while the group waits for its first reduction. False, with nothing changed,
-        where no batch came within ``timeout``."""
+        the model (its input and value statistics included), the optimiser, the schedule, the
+        update count and torch's random state are put back as they were, and nothing is
+        published meanwhile (the weight store keeps the weights put back). The batch's frames
+        and episodes stay counted: they were played. A learner does this before
+        ``join_group`` so that its loss compiles and its actors' first batch arrives while the
+        group goes on without it, not while the group waits for its first reduction. Its
+        actors meanwhile play with the weights it had, so the batches waiting in its ring when
+        it joins (at most the ring's slots) were played by that policy, not the group's.
+        False, with nothing changed, where no batch came within ``timeout``."""
         if self.accumulator is not None:
             raise RuntimeError("warm_up() is for a learner outside a group: call it before join_group()")
         kept = copy.deepcopy(
@@ -201,26 +204,29 @@ class Learner:
                 "scheduler": self.scheduler.state_dict(),
             }
         )
-        steps = self.steps
+        kept["steps"] = self.steps
+        kept["rng"] = torch.get_rng_state()
+        kept["cuda_rng"] = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        publisher, self.publisher = self.publisher, None  # the undone weights are never published
         try:
             self.step(timeout)
         except Timeout:
             return False  # no batch came: nothing changed
-        except BaseException:
-            self._put_back(kept, steps)
-            raise
-        self._put_back(kept, steps)
+        finally:
+            self.publisher = publisher
+            self._put_back(kept)
         return True
 
-    def _put_back(self, kept: dict[str, Any], steps: int) -> None:
-        """The model, optimiser and schedule ``kept``, and ``steps`` updates, as ``warm_up`` found them."""
+    def _put_back(self, kept: dict[str, Any]) -> None:
+        """What ``warm_up`` ``kept``: the model, optimiser and schedule, the update count and the random state."""
         self.model.load_state_dict(kept["model"])
         self.optimizer.load_state_dict(kept["optimizer"])
         self.scheduler.load_state_dict(kept["scheduler"])
-        self.steps = steps
+        self.steps = kept["steps"]
+        torch.set_rng_state(kept["rng"])
+        if kept["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(kept["cuda_rng"], self.device)
         self.optimizer.zero_grad(set_to_none=True)  # the undone update's gradients go with it
-        if self.publisher is not None:
-            self.publisher.publish(self.steps)  # the actors act with the weights put back, not the undone ones
 
     def step(self, timeout: float | None = None) -> ImpalaLoss | None:
         """One update from the next ``batch_size`` unrolls (waiting up to ``timeout``): its

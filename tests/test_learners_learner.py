@@ -447,33 +447,41 @@ def test_a_warm_up_update_is_undone_but_its_batch_stays_counted(ring, algo):
     then steps exactly as one that never warmed up."""
     kw = dict(algo="appo", epochs=2, minibatches=2, kl_target=0.01) if algo == "appo" else {}
 
+    def net() -> torch.nn.Module:  # input statistics; APPO's value statistics too
+        return make_model("mlp", OBS, A, normalize_input=True, normalize_value=algo == "appo")
+
     def learner(weights=None) -> Learner:
         torch.manual_seed(0)
-        model = make_model("mlp", OBS, A, normalize_input=True)
+        model = net()
         return Learner(model, ring, LearnerConfig(batch_size=B, lr_decay_frames=100 * B * T, **kw), weights)
 
-    store = WeightStore.create(make_model("mlp", OBS, A, normalize_input=True))
+    store = WeightStore.create(net())
     try:
         warmed, plain = learner(store), learner()
         assert warmed.warm_up(timeout=0.05) is False  # no batch yet: nothing changed
         _fill(ring, B, 0)
+        rng = torch.get_rng_state()
+        versions = store.version
         assert warmed.warm_up(timeout=5) is True
         assert ring.statistics().size == 0  # the batch was taken
+        assert torch.equal(torch.get_rng_state(), rng)  # APPO's minibatch orders drew from it: put back
+        assert store.version == versions  # nothing published: the store holds the weights put back
         for name, value in plain.model.state_dict().items():
             assert torch.equal(warmed.model.state_dict()[name], value), name
         assert int(warmed.model.torso.obs_norm.count) == 0
+        assert algo == "impala" or int(warmed.model.value_norm.count) == 0
         assert warmed.optimizer.state_dict()["state"] == {} and all(p.grad is None for p in warmed.model.parameters())
         assert warmed.scheduler.state_dict() == plain.scheduler.state_dict()
         assert warmed.statistics().learning_rate == plain.statistics().learning_rate
         s = warmed.statistics()
         assert (s.steps, s.frames, s.episodes) == (0, B * T, B)  # the update undone, the batch's play counted
-        pulled = make_model("mlp", OBS, A, normalize_input=True)
-        store.pull(pulled)  # the actors were given the weights put back
+        pulled = net()
+        store.pull(pulled)  # what the actors play with
         for name, value in plain.model.state_dict().items():
             assert torch.equal(pulled.state_dict()[name], value), name
-        for each in (warmed, plain):
+        for each in (warmed, plain):  # from one random state, as if the other had never stepped
             _fill(ring, B, 1)
-            torch.manual_seed(1)  # APPO's minibatch orders: the warm-up drew from the generator
+            torch.set_rng_state(rng)
             each.step(timeout=5)
         for name, value in plain.model.state_dict().items():
             assert torch.equal(warmed.model.state_dict()[name], value), name

@@ -18,7 +18,8 @@
   restart: ``started_s`` (its ``up``: the interpreter up with the job imported),
   ``built_s`` (the job's settings, environment spec, model and ``Learner`` built),
   ``compiled_s`` (its warm-up's first loss and gradients done, before it joins: where the
-  job compiles, the compiling), ``joined_s`` (it asked the broker to join), ``synced_s``
+  job compiles, the compiling), ``joined_s`` (the rest of that update, undone, then it asked
+  the broker to join), ``synced_s``
   (its first ring formed, the group's state loaded), then ``rejoined_s``. From ``synced_s``
   on the group waits for it: the survivors' next reduction is in the ring with it. ``cpu_s``: the CPU seconds the new
   process had used at each of those (on a loaded machine the seconds are mostly waiting for
@@ -244,8 +245,8 @@ JOB_STAGES = ("built", "compiled", "joined", "synced")
 STAGE_WORDS = {
     "started_s": "interpreter and imports",
     "built_s": "settings, env spec, model and Learner",
-    "compiled_s": "a first update, undone (compiling)",
-    "joined_s": "join",
+    "compiled_s": "the warm-up's first loss and gradients (compiling)",
+    "joined_s": "the rest of the undone warm-up update, and the join",
     "synced_s": "ring and the group's state",
     "rejoined_s": "first step in the group",
 }

@@ -201,13 +201,13 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
     group = job.group
     stop = lp.stop_event()
     if group is not None:
-        token = load_token(token_file=group.token_file or None)
         warm_up(learner, stop)
+    if group is not None and not stop.is_set():  # stopped while warming up: no join to leave at once
         learner.join_group(
             group.broker,
             group.name,
             host=group.host,
-            token=token,
+            token=load_token(token_file=group.token_file or None),
             virtual_batch_size=group.virtual_batch_size,
             min_size=group.min_size,
             backend=group.backend,
@@ -217,7 +217,8 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
     with RunLog(job.out, job.resume) as log:
         board = TensorBoardLog(os.path.join(job.out, "tensorboard")) if job.tensorboard else None
         start = time.monotonic()
-        last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": 0.0}
+        # (a member's warm-up waited already: that is not the first row's)
+        last = {"t": start, "frames": learner.frames, "steps": learner.steps, "wait": learner.statistics().wait_seconds}
         last_checkpoint = start
         frames_before = learner.frames
         while learner.frames < job.total_frames and not stop.is_set():
@@ -260,7 +261,8 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
 def warm_up(learner: Learner, stop: threading.Event) -> None:
     """Before a group member joins: its first batch, its loss compiled, that update undone
     (``Learner.warm_up``), so that the group does not wait for its actors' start and its
-    compiling. Returns at once once the program stops."""
+    compiling. Returns when that is done or, within a second or one update, once the
+    program stops."""
     t0 = time.monotonic()
     while not stop.is_set():
         if learner.warm_up(timeout=1.0):
