@@ -442,9 +442,9 @@ def test_evaluate_in_chunks_of_columns_gives_the_whole_batchs_outputs(shm_leak_c
 @pytest.mark.parametrize("algo", ["impala", "appo"])
 def test_a_warm_up_update_is_undone_but_its_batch_stays_counted(ring, algo):
     """``warm_up`` (what a group member does before it joins): one update on the next batch,
-    then the model (its input statistics too), the optimiser, the schedule and the update
-    count put back and published; the batch's frames and episodes stay counted. The learner
-    then steps exactly as one that never warmed up."""
+    then the model (its input and value statistics too), the optimiser, the schedule, the
+    update count and torch's random state put back, nothing published meanwhile; the batch's
+    frames and episodes stay counted. The learner then steps as one that never warmed up."""
     kw = dict(algo="appo", epochs=2, minibatches=2, kl_target=0.01) if algo == "appo" else {}
 
     def net() -> torch.nn.Module:  # input statistics; APPO's value statistics too
