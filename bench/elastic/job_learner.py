@@ -65,7 +65,7 @@ from bench.impala.options import parse_args
 from learners import Learner
 from shmpad.errors import Timeout
 from shmpad.launch.process import die_with_parent
-from shmpad.net.auth import TOKEN_ENV, load_token
+from shmpad.net.auth import TOKEN_ENV
 from shmpad.net.model_state import digest
 
 GROUP = "elastic"
@@ -157,15 +157,7 @@ def run(name: str, argv: list[str], events: int, control: int) -> None:
     _time_first_loss(learner, emit)
     emit(e="built", t=time.monotonic(), p=sum(p.numel() for p in model.parameters()))
     train.warm_up(learner, stop)  # as run_learner: a first update, undone, before the join
-    learner.join_group(  # as run_learner
-        group.broker,
-        group.name,
-        host=group.host,
-        token=load_token(token_file=group.token_file or None),
-        virtual_batch_size=group.virtual_batch_size,
-        min_size=group.min_size,
-        backend=group.backend,
-    )
+    train.join(learner, group)  # as run_learner
     acc = learner.accumulator
     emit(e="joined", t=time.monotonic())
     synced = False

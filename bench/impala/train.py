@@ -203,15 +203,7 @@ def run_learner(job: Job, obs_shape, num_actions: int, trajectories, weights, st
     if group is not None:
         warm_up(learner, stop)
     if group is not None and not stop.is_set():  # stopped while warming up: no join to leave at once
-        learner.join_group(
-            group.broker,
-            group.name,
-            host=group.host,
-            token=load_token(token_file=group.token_file or None),
-            virtual_batch_size=group.virtual_batch_size,
-            min_size=group.min_size,
-            backend=group.backend,
-        )
+        join(learner, group)
         lp.register_stop_handler(learner.accumulator.close)  # a reduction in flight must not outlast the stop
         print(f"joining group {group.name!r} at {group.broker} as {learner.accumulator.name}", flush=True)
     with RunLog(job.out, job.resume) as log:
@@ -271,6 +263,19 @@ def warm_up(learner: Learner, stop: threading.Event) -> None:
                 flush=True,
             )
             return
+
+
+def join(learner: Learner, group: PeerGroup) -> None:
+    """``learner.join_group`` with the job's ``--peers`` options (``group``) and token."""
+    learner.join_group(
+        group.broker,
+        group.name,
+        host=group.host,
+        token=load_token(token_file=group.token_file or None),
+        virtual_batch_size=group.virtual_batch_size,
+        min_size=group.min_size,
+        backend=group.backend,
+    )
 
 
 def report(row: dict, learner: Learner, board: TensorBoardLog | None) -> None:
