@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from helpers import Tmux, kill_and_reap, run_command, start_session, track_pid, wait_until
 
+from actors import EnvPool
 from bench.impala import progress, rundir, train
 from bench.impala.plan import MLP_MAX_ACTORS, make_plan, usable_cores
 
@@ -121,6 +123,43 @@ def test_peers_take_a_backend_and_env_urls(monkeypatch):
     assert train.parse_args(["--peers", "env://"]).backend == "shmpad"  # env:// is no HOST:PORT, and is accepted
     with pytest.raises(SystemExit):
         train.parse_args(["--peers", "127.0.0.1:5555", "--backend", "mpi"])
+
+
+def _first_observations(job, index: int = 0) -> np.ndarray:
+    """The first observations of actor ``index``'s environments, seeded as run_actor seeds them."""
+    env_seed, _ = train.actor_seeds(job, index)
+    with EnvPool(job.env, 1, 4, seed=env_seed) as pool:
+        return pool.recv(timeout=60).obs.copy()
+
+
+def test_the_members_of_a_group_play_different_games(monkeypatch, capsys):
+    """Members run the same command: with one --seed, each still seeds its actors apart
+    (--member-seed, drawn when not given), so the group does not learn from copies of one game."""
+    monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
+    group = ["--env", "CartPole-v1", "--peers", "127.0.0.1:5555"]
+    a, b = train.parse_args(group), train.parse_args(group)
+    assert 0 <= a.member_seed < 2**31 and 0 <= b.member_seed < 2**31
+    assert a.member_seed != b.member_seed  # two draws of 31 bits
+    ja, jb = train.resolve(a), train.resolve(b)
+    assert ja.actor_seed != jb.actor_seed and ja.seed == jb.seed == 0  # the networks start alike
+    assert set(train.actor_seeds(ja, 0)).isdisjoint(train.actor_seeds(jb, 0))
+    assert not np.array_equal(_first_observations(ja), _first_observations(jb))
+    # one --member-seed repeats a member's games; config.json keeps the one drawn
+    again = train.resolve(train.parse_args([*group, "--member-seed", str(a.member_seed)]))
+    assert again.actor_seed == ja.actor_seed
+    assert np.array_equal(_first_observations(again), _first_observations(ja))
+    assert rundir.run_config(dataclasses.asdict(a), ja.plan)["member_seed"] == a.member_seed
+    # one host: its actors keep --seed, as before
+    alone = train.resolve(train.parse_args(["--env", "CartPole-v1", "--seed", "3"]))
+    assert (alone.actor_seed, train.actor_seeds(alone, 1)) == (3, (3 + 1_000_003, 4))
+    for argv, message in [
+        (["--member-seed", "4"], "--member-seed 4 seeds a member of a group: give --peers too"),
+        ([*group, "--member-seed", "-2"], "--member-seed must be >= 0, or -1 (drawn at random), got -2"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
+    ]:
+        with pytest.raises(SystemExit):
+            train.parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_args_are_resolved_once_into_what_the_nodes_need(monkeypatch):

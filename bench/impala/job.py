@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from actors import EnvConfig, frames_per_step
 from bench.impala.plan import Plan, make_plan, queue_slots
 from learners import LearnerConfig, ModelConfig
 
-__all__ = ["Job", "PeerGroup", "configs", "resolve"]
+__all__ = ["Job", "PeerGroup", "configs", "member_stream", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,10 @@ class Job:
     out: str
     """the run folder: config.json, log.csv, episodes.csv, curve.png, checkpoint.pt"""
     seed: int
-    """seeds every environment and the networks"""
+    """seeds the networks (``build_model``), and the environments where ``actor_seed`` says"""
+    actor_seed: int
+    """seeds the environments and the actors' action sampling: ``seed`` on one host; with
+    --peers, ``seed`` and --member-seed together (``member_stream``), so that members differ"""
     device: str
     """where inference and the learner run"""
     cuda_graph: bool
@@ -146,6 +151,7 @@ def resolve(args: Any, plan: Plan | None = None) -> Job:
         plan=plan,
         out=args.out,
         seed=args.seed,
+        actor_seed=member_stream(args.seed, args.member_seed) if args.peers else args.seed,
         device=args.device,
         cuda_graph=args.cuda_graph == "on",
         unroll_length=args.unroll_length,
@@ -158,3 +164,10 @@ def resolve(args: Any, plan: Plan | None = None) -> Job:
         group=group,
         lockstep=args.lockstep,
     )
+
+
+def member_stream(seed: int, member_seed: int) -> int:
+    """The actors' seed of a group's member: ``seed`` and ``member_seed`` mixed by numpy's
+    ``SeedSequence`` (a 32-bit value), so that members with different ``member_seed``s play
+    different games and one ``member_seed`` repeats a member's seeds."""
+    return int(np.random.SeedSequence([seed, member_seed]).generate_state(1)[0])

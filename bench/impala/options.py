@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import secrets
 import sys
 from dataclasses import dataclass
 
@@ -134,7 +135,9 @@ class Args:
     tensorboard: bool = False
     """also write the progress rows, every loss and the policy lag as TensorBoard scalars into --out/tensorboard (pip install tensorboard)"""
     seed: int = 0
-    """seeds every environment and the networks"""
+    """seeds every environment and the networks (with --peers, the environments together with --member-seed)"""
+    member_seed: int = -1
+    """--peers: seeds this member's environments and action sampling together with --seed, so that the group's members play different games (-1: drawn at random when the job starts, written to config.json)"""
     out: str = ""
     """folder for config.json, log.csv, curve.png and checkpoint.pt; unset: a new runs/<env>-<date>-<time> (with --resume: the newest run of --env)"""
     log_interval: float = 5.0
@@ -253,6 +256,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         args = _lockstep(args, given, parser)
     if args.min_peers < 1:
         parser.error(f"--min-peers must be >= 1, got {args.min_peers}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.member_seed < -1:
+        parser.error(f"--member-seed must be >= 0, or -1 (drawn at random), got {args.member_seed}")
+    if args.member_seed >= 0 and not args.peers:
+        parser.error(f"--member-seed {args.member_seed} seeds a member of a group: give --peers too")
+    if args.peers and args.member_seed < 0:  # drawn once, here: config.json keeps it
+        args = dataclasses.replace(args, member_seed=secrets.randbelow(2**31))
     try:
         configs(args)
     except (TypeError, ValueError) as e:

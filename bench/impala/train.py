@@ -119,6 +119,12 @@ def publish_counters(counters: dict[str, float]) -> None:
         lp.publish_counter(name, value)
 
 
+def actor_seeds(job: Job, index: int) -> tuple[int, int]:
+    """Actor ``index``'s seeds: of its environments, and of its action sampling. They come from
+    ``job.actor_seed``, so the members of a group (each its own --member-seed) play different games."""
+    return job.actor_seed + 1_000_003 * index, job.actor_seed + index
+
+
 def run_actor(
     job: Job, index: int, trajectories, weights, report: Callable[[dict[str, float]], None] = publish_counters
 ) -> None:
@@ -127,7 +133,8 @@ def run_actor(
     torch.set_num_threads(1)
     use_cudnn_autotuner(job)
     plan = job.plan
-    pool = EnvPool(job.env, plan.num_workers, plan.envs_per_worker, seed=job.seed + 1_000_003 * index)
+    env_seed, sampling_seed = actor_seeds(job, index)
+    pool = EnvPool(job.env, plan.num_workers, plan.envs_per_worker, seed=env_seed)
     try:
         model = build_model(job, pool.spec.obs_shape, pool.spec.num_actions)
         writer = RolloutWriter(trajectories, groups=pool.halves, group_size=pool.half_size)
@@ -137,7 +144,7 @@ def run_actor(
             job.device,
             writer,
             weights,
-            seed=job.seed + index,
+            seed=sampling_seed,
             policy=actor_policy(job),
             bf16=actor_bf16(job),
             graph=job.cuda_graph,

@@ -70,6 +70,7 @@ HELP_GROUPS = {
         "min_peers",
         "virtual_batch_size",
         "backend",
+        "member_seed",
     ],
     "output": ["out", "resume", "log_interval", "checkpoint_minutes", "tensorboard", "launch_type"],
 }
