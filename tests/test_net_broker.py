@@ -532,6 +532,29 @@ def test_listeners_get_every_new_list(caplog):
         assert "membership listener" in caplog.text and "a listener that fails" in caplog.text
 
 
+def test_a_new_member_pings_from_its_join_and_is_not_dropped_under_the_default_timeout():
+    """The broker's defaults (a ping every 0.1 s, dropped after 0.6 s of silence): a client's
+    first ping goes out when it joins. Before, its ping thread first slept the client's own
+    default interval (1 s), so every new member was dropped once about 0.6 s after its join
+    and joined again, abandoning the group's reduction in flight."""
+    with broker_module.Broker(
+        port=0,
+        token=TOKEN,
+        heartbeat_s=broker_module.HEARTBEAT_S,
+        timeout_s=broker_module.TIMEOUT_S,
+        settle_s=broker_module.SETTLE_S,
+    ) as broker:
+        with GroupClient(broker.address, "g", "a", "a:1", token=TOKEN) as a:
+            epochs: list[int] = []
+            a.add_listener(lambda m: epochs.append(m.epoch))
+            first = wait_names(a, ["a"])
+            # past the old first ping (1 s after the start) and the timeout after it: the
+            # absence of a drop can only be seen by letting that time pass
+            time.sleep(2 * (1.0 + broker_module.TIMEOUT_S))
+            assert a.membership().epoch == first.epoch == 1, f"epochs seen: {epochs}"
+            assert a.connected
+
+
 def test_close_does_not_wait_for_a_mute_broker():
     joined = threading.Event()
 

@@ -124,7 +124,8 @@ class GroupClient:
         self._listeners: list[Callable[[Membership], None]] = []
         self._conn: wire.Connection | None = None  # set while joined
         self._open: wire.Connection | None = None  # the connection the client thread uses, joined or not
-        self._heartbeat_s = 1.0
+        self._heartbeat_s = 1.0  # until the broker's welcome gives its own
+        self._joined = threading.Event()  # wakes the ping thread: the first ping goes out at the join
         self._last_error: str | None = None
         self._stop = threading.Event()
         self._replaced = False  # another client joined under our name: we stay out
@@ -186,6 +187,7 @@ class GroupClient:
         """Leave the group (if joined), stop the threads and close the connection. Idempotent."""
         with self._cond:
             self._stop.set()
+            self._joined.set()
             joined, opened = self._conn, self._open
             self._cond.notify_all()
         if joined is not None:
@@ -258,6 +260,7 @@ class GroupClient:
                     self._heartbeat_s = float(heartbeat)
                 self._conn = conn
                 self._last_error = None
+            self._joined.set()
             log.info("%r joined group %r at broker %s", self.name, self.group, self.broker)
             while True:
                 msg = conn.recv_json()
@@ -296,7 +299,14 @@ class GroupClient:
                 log.exception("membership listener %r failed", fn)
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._heartbeat_s):
+        """A ping at every join, then every ``heartbeat_s`` (the broker's). Waiting first for an
+        interval set before the welcome would leave a new member silent past the broker's
+        timeout, and have it dropped once right after its join."""
+        while True:
+            self._joined.wait(self._heartbeat_s)
+            self._joined.clear()
+            if self._stop.is_set():
+                return
             conn = self._conn
             if conn is not None:
                 try:
