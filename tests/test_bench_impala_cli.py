@@ -96,8 +96,8 @@ def test_atari_defaults_to_appo_with_rl_games_settings_and_impala_keeps_its_own(
 
     assert "--total-frames 10_000_000" in advice(pong) and "--model deep" in advice(impala)  # after a smoke test
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
-    peers = train.parse_args(["--peers", "127.0.0.1:5555"])  # IMPALA until APPO is shown to learn across hosts
-    assert (peers.algo, peers.learning_rate, peers.normalize_input) == ("impala", 6e-4, False)
+    peers = train.parse_args(["--peers", "127.0.0.1:5555"])  # a group runs APPO too (pong-hosts-appo)
+    assert (peers.algo, peers.learning_rate, peers.normalize_input, peers.batch_size) == ("appo", 3e-4, True, 64)
 
 
 def test_appo_minibatches_of_steps_are_an_option_checked_before_launch(capsys):
@@ -401,9 +401,9 @@ def test_normalize_input_builds_a_model_with_input_statistics():
 
 def test_a_group_runs_appo_and_input_statistics_but_no_virtual_batch_with_appo(monkeypatch, capsys):
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
-    impala = train.resolve(train.parse_args(["--normalize-input", "--peers", "127.0.0.1:5555"]))
+    impala = train.resolve(train.parse_args(["--algo", "impala", "--normalize-input", "--peers", "127.0.0.1:5555"]))
     assert (impala.learner.algo, impala.model.normalize_input) == ("impala", True)
-    appo = train.resolve(train.parse_args(["--algo", "appo", "--peers", "127.0.0.1:5555"]))
+    appo = train.resolve(train.parse_args(["--peers", "127.0.0.1:5555"]))  # the group's default
     assert (appo.learner.algo, appo.learner.minibatches, appo.learner.kl_target) == ("appo", 4, 0.01)
     assert appo.model.normalize_input  # rl_games' recipe, as on one host
     with pytest.raises(SystemExit):

@@ -31,7 +31,7 @@ several run in turn within each round, each with its own clean and faults arms:
   supervisor with a warm parent restarts a worker);
 - ``exec``: the same MLP learner in a new interpreter that imports torch itself;
 - ``job``: ``bench.elastic.job_learner``, the Pong job's learner (by default the Nature
-  CNN and the update ``python -m bench.impala --peers ...`` runs, compiled and in bf16 as
+  CNN and IMPALA's update, ``python -m bench.impala --peers ... --algo impala``, compiled and in bf16 as
   its plan says for this machine; ``--job`` adds the job's flags) in a new interpreter, as
   a user's supervisor starts the job again: the job's imports, settings, model,
   ``Learner``, compiling and ``join_group`` all count. It resumes by joining the group and

@@ -8,9 +8,11 @@ What is the job's own, called as ``bench.impala.train.run_learner`` calls it:
 
 - the interpreter and its imports (``bench.impala.train``: torch, shmpad, actors, learners);
 - the settings: ``bench.impala.options.parse_args`` of the job's flags with the group's
-  ``--peers``, ``--group``, ``--min-peers``, ``--backend`` and ``--learner-threads``, which
-  gives the defaults of the job a group runs; ``resolve`` and the machine plan (compiling
-  and bf16 as the plan says for this machine);
+  ``--peers``, ``--group``, ``--min-peers``, ``--backend`` and ``--learner-threads``, and
+  ``--algo impala`` unless the job's flags name one (a group runs APPO by default, 16
+  reductions per batch of 128-step unrolls; IMPALA's one step per batch of 20-step unrolls
+  gives an arm many group steps: ``--job "--algo appo"`` measures APPO's); ``resolve``
+  and the machine plan (compiling and bf16 as the plan says for this machine);
 - the environment's spec (``EnvConfig.spec``: one Pong environment built, reset and
   stepped, as the job's main process does before it launches), the model (``build_model``:
   the Nature CNN by default), the ``Learner`` (its optimiser, schedule, staging and loss,
@@ -90,10 +92,12 @@ class SyntheticRing:
 
 def group_argv(flags: list[str], broker: str, peers: int, backend: str, threads: int) -> list[str]:
     """The job's command line for a learner of the group at ``broker``: ``flags`` (``--job``)
-    and the group's options; ``--learner-threads`` is ``threads`` unless ``flags`` gives it."""
+    and the group's options; ``--learner-threads`` is ``threads`` and ``--algo`` is impala
+    (one step, one reduction, per batch) unless ``flags`` gives them."""
     argv = [*flags, "--peers", broker, "--group", GROUP, "--min-peers", str(peers), "--backend", backend]
-    if not any(f == "--learner-threads" or f.startswith("--learner-threads=") for f in flags):
-        argv += ["--learner-threads", str(threads)]
+    for name, value in (("--learner-threads", str(threads)), ("--algo", "impala")):
+        if not any(f == name or f.startswith(f"{name}=") for f in flags):
+            argv += [name, value]
     return argv
 
 

@@ -1,8 +1,8 @@
 """Every default of ``python -m bench.impala`` that depends on the environment or the
 algorithm, in one table, and the rule that reads it:
 
-1. ``--env``, ``--algo``, ``--protocol`` and ``--peers`` are read first; the algorithm not
-   given is the env family's (``FAMILY_ALGO``), IMPALA with ``--peers``.
+1. ``--env``, ``--algo`` and ``--protocol`` are read first; the algorithm not given is the
+   env family's (``FAMILY_ALGO``).
 2. Every row of ``ROWS`` whose family and algorithm match (``*``: any) applies, top to
    bottom, a later row over an earlier one; on Atari the protocol's preset comes last.
 3. The result becomes the parser's defaults, so ``--help`` shows what will run, and the
@@ -104,15 +104,15 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
 """(env family, algorithm, values): the rows of the rule above, in its order"""
 
 FAMILY_ALGO = {"atari": "appo", "classic_control": "impala", "other": "impala"}
-"""each env family's algorithm. APPO with rl_games' settings learns Pong per frame where IMPALA's
-did not (``RL_GAMES_ATARI``). With --peers every family's default stays IMPALA until APPO is
-shown to learn across hosts; ``--algo appo --peers ...`` runs APPO in the group, each
-minibatch step one reduction of the group's gradients (``learners.appo``)."""
+"""each env family's algorithm, on one host and in a group (--peers). APPO with rl_games' settings
+learns Pong per frame where IMPALA's did not (``RL_GAMES_ATARI``); in a group every minibatch step
+is one reduction of the group's gradients (``learners.appo``), and 2 hosts learned Pong per frame as
+one host did (docs/results/pong-hosts-appo)."""
 
 
-def algo_for(family: str, algo: str | None, peers: bool = False) -> str:
-    """The algorithm a job runs: ``algo`` where given, else the family's (IMPALA with ``peers``)."""
-    return algo or ("impala" if peers else FAMILY_ALGO.get(family, "impala"))
+def algo_for(family: str, algo: str | None) -> str:
+    """The algorithm a job runs: ``algo`` where given, else the family's."""
+    return algo or FAMILY_ALGO.get(family, "impala")
 
 
 def defaults_for(family: str, algo: str, protocol: str = "envpool") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The main job's options: ``Args``, one field per command-line option with its help under
 it, its values those of the default command (Pong, APPO, the envpool protocol); and
-``parse_args``, which reads ``--env``, ``--algo``, ``--protocol`` and ``--peers`` first, makes
+``parse_args``, which reads ``--env``, ``--algo`` and ``--protocol`` first, makes
 the defaults of that job (``bench/impala/defaults.py``) the parser's, so that ``--help`` shows
 what will run, then parses the command line and checks it before anything starts. The rules
 are the configs' own (``bench/impala/job.py`` builds them): their errors come back as parser
@@ -89,7 +89,7 @@ class Args:
     reduction: str = "mean"
     """loss reduction over time and batch: mean (moolib) or sum (torchbeast)"""
     algo: str = "appo"
-    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs); each env family has its own (Atari: appo, impala with --peers; others: impala), and with it its defaults (bench/impala/defaults.py)"""
+    """impala (one V-trace step per batch) or appo (PPO's clipped steps on V-trace's targets, over minibatches of each batch, several epochs); each env family has its own (Atari: appo, on one host and in a group; others: impala), and with it its defaults (bench/impala/defaults.py)"""
     epochs: int = 4
     """appo: passes over each batch"""
     minibatches: int = 4
@@ -213,25 +213,25 @@ def _lockstep(args: Args, given: set[str], parser) -> Args:
 def make_parser(
     argv: list[str], prog: str = "python -m bench.impala", defaults=None
 ) -> tuple[argparse.ArgumentParser, dict, str]:
-    """The parser for the job that ``argv``'s ``--env``, ``--algo``, ``--protocol`` and
-    ``--peers`` name, with that job's defaults (``bench/impala/defaults.py``, then a benchmark's
+    """The parser for the job that ``argv``'s ``--env``, ``--algo`` and ``--protocol``
+    name, with that job's defaults (``bench/impala/defaults.py``, then a benchmark's
     own ``defaults``) as its own; and those defaults, and the env family."""
     first = argparse.ArgumentParser(add_help=False)
-    for name in ("env", "algo", "protocol", "peers"):
+    for name in ("env", "algo", "protocol"):
         first.add_argument(f"--{name}", default=getattr(Args, name) if name in ("env", "protocol") else None)
     known, _ = first.parse_known_args(argv)
     try:
         family = env_family(known.env)
     except ValueError as e:
         raise UsageError(f"--env: {e}") from None
-    algo = algo_for(family, known.algo, peers=bool(known.peers))
+    algo = algo_for(family, known.algo)
     table = {"env": known.env, **defaults_for(family, algo, known.protocol), **(defaults or {})}
     return parser_for(Args, prog, DESCRIPTION, HELP_GROUPS, CHOICES, EXAMPLES, switched_on(), table), table, family
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impala", defaults=None) -> Args:
-    """The job's settings: the defaults of the job that ``--env``, ``--algo``, ``--protocol``
-    and ``--peers`` name (``bench/impala/defaults.py``) under what the command line gives,
+    """The job's settings: the defaults of the job that ``--env``, ``--algo`` and ``--protocol``
+    name (``bench/impala/defaults.py``) under what the command line gives,
     checked. ``defaults``: a benchmark's own values for options the command line leaves out,
     over the table's (``bench.impala.throughput``'s short run)."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -101,8 +101,8 @@ EXAMPLES = """examples:
 
 
 EXAMPLES += """
-The defaults shown are those of the job that --env, --algo and --protocol name (and --peers, with
-which Atari runs IMPALA): python -m bench.impala --env CartPole-v1 --help shows CartPole's. The table
+The defaults shown are those of the job that --env, --algo and --protocol name: python -m
+bench.impala --env CartPole-v1 --help shows CartPole's. The table
 and its rule: bench/impala/defaults.py.
 """
 
