@@ -132,7 +132,7 @@ def _first_observations(job, index: int = 0) -> np.ndarray:
         return pool.recv(timeout=60).obs.copy()
 
 
-def test_the_members_of_a_group_play_different_games(monkeypatch, capsys):
+def test_the_members_of_a_group_play_different_games(monkeypatch, capsys, tmp_path):
     """Members run the same command: with one --seed, each still seeds its actors apart
     (--member-seed, drawn when not given), so the group does not learn from copies of one game."""
     monkeypatch.setenv("SHMPAD_TOKEN", "t" * 32)
@@ -149,6 +149,11 @@ def test_the_members_of_a_group_play_different_games(monkeypatch, capsys):
     assert again.actor_seed == ja.actor_seed
     assert np.array_equal(_first_observations(again), _first_observations(ja))
     assert rundir.run_config(dataclasses.asdict(a), ja.plan)["member_seed"] == a.member_seed
+    # --resume goes on with the member seed its config.json holds
+    out = tmp_path / "member"
+    rundir.write_config(str(out), rundir.run_config(dataclasses.asdict(a), ja.plan))
+    resumed = train.parse_args([*group, "--resume", "--out", str(out)])
+    assert resumed.member_seed == a.member_seed
     # one host: its actors keep --seed, as before
     alone = train.resolve(train.parse_args(["--env", "CartPole-v1", "--seed", "3"]))
     assert (alone.actor_seed, train.actor_seeds(alone, 1)) == (3, (3 + 1_000_003, 4))

@@ -200,6 +200,7 @@ def _namespaces() -> list[str]:
         (["--hosts", "0"], "--hosts must be at least 1, got 0"),
         (["--", "--peers", "10.0.0.1:4431"], "--peers: bench.hosts sets it for every job"),
         (["--", "--out=runs/x"], "--out: bench.hosts sets it for every job"),
+        (["--", "--member-seed", "5"], "one member seed would have every host play the same games"),
     ],
 )
 def test_the_bench_command_names_what_it_refuses(argv, match, capsys):

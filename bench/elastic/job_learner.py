@@ -94,11 +94,9 @@ def group_argv(flags: list[str], broker: str, peers: int, backend: str, threads:
     """The job's command line for a learner of the group at ``broker``: ``flags`` (``--job``)
     and the group's options; ``--learner-threads`` is ``threads`` and ``--algo`` is impala
     (one step, one reduction, per batch) unless ``flags`` gives them."""
-    argv = [*flags, "--peers", broker, "--group", GROUP, "--min-peers", str(peers), "--backend", backend]
-    for name, value in (("--learner-threads", str(threads)), ("--algo", "impala")):
-        if not any(f == name or f.startswith(f"{name}=") for f in flags):
-            argv += [name, value]
-    return argv
+    # the benchmark's defaults first: a flag of ``flags`` (even abbreviated) comes later and wins
+    defaults = ["--learner-threads", str(threads), "--algo", "impala"]
+    return [*defaults, *flags, "--peers", broker, "--group", GROUP, "--min-peers", str(peers), "--backend", backend]
 
 
 def check_flags(flags: list[str]) -> None:

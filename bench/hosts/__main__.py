@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None) -> tuple[Args, Link, list[str]]:
     for taken in ("--peers", "--group", "--peer-host", "--out"):
         if taken in job_args or any(a.startswith(taken + "=") for a in job_args):
             parser.error(f"{taken}: bench.hosts sets it for every job")
+    if any(a == "--member-seed" or a.startswith("--member-seed=") for a in job_args):
+        parser.error(
+            "--member-seed: every job gets the flags after --, and one member seed would have every host play the same games; each job draws its own"
+        )
     return args, link, job_args
 
 

@@ -106,8 +106,9 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
 FAMILY_ALGO = {"atari": "appo", "classic_control": "impala", "other": "impala"}
 """each env family's algorithm, on one host and in a group (--peers). APPO with rl_games' settings
 learns Pong per frame where IMPALA's did not (``RL_GAMES_ATARI``); in a group every minibatch step
-is one reduction of the group's gradients (``learners.appo``), and 2 hosts learned Pong per frame as
-one host did (docs/results/pong-hosts-appo)."""
+is one reduction of the group's gradients (``learners.appo``). 2 hosts given --batch-size 32 each
+(the group's batch one host's) learned Pong per frame as one host did (docs/results/pong-hosts-appo);
+with the default batch per host, a group of N steps on N times one host's batch, not measured per frame."""
 
 
 def algo_for(family: str, algo: str | None) -> str:

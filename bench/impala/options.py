@@ -137,7 +137,7 @@ class Args:
     seed: int = 0
     """seeds every environment and the networks (with --peers, the environments together with --member-seed)"""
     member_seed: int = -1
-    """--peers: seeds this member's environments and action sampling together with --seed, so that the group's members play different games (-1: drawn at random when the job starts, written to config.json)"""
+    """--peers: seeds this member's environments and action sampling together with --seed, so that the group's members play different games (-1: drawn at random when the job starts, written to config.json; with --resume, the one config.json holds)"""
     out: str = ""
     """folder for config.json, log.csv, curve.png and checkpoint.pt; unset: a new runs/<env>-<date>-<time> (with --resume: the newest run of --env)"""
     log_interval: float = 5.0
@@ -262,8 +262,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         parser.error(f"--member-seed must be >= 0, or -1 (drawn at random), got {args.member_seed}")
     if args.member_seed >= 0 and not args.peers:
         parser.error(f"--member-seed {args.member_seed} seeds a member of a group: give --peers too")
-    if args.peers and args.member_seed < 0:  # drawn once, here: config.json keeps it
-        args = dataclasses.replace(args, member_seed=secrets.randbelow(2**31))
     try:
         configs(args)
     except (TypeError, ValueError) as e:
@@ -280,4 +278,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m bench.impal
         if args.resume and found is None:
             raise UsageError(f"--resume: no run of {args.env} under {rundir.RUNS}/ holds a checkpoint; give --out DIR")
         args = dataclasses.replace(args, out=found or rundir.default_out(args.env))
+    if args.peers and args.member_seed < 0:  # drawn once, here: config.json keeps it
+        recorded = (rundir.recorded_config(args.out) or {}) if args.resume else {}
+        kept = recorded.get("member_seed")  # --resume goes on with the member's own seed
+        args = dataclasses.replace(
+            args, member_seed=kept if isinstance(kept, int) and kept >= 0 else secrets.randbelow(2**31)
+        )
     return args

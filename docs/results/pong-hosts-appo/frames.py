@@ -56,7 +56,9 @@ def main(argv: list[str]) -> None:
     times = sorted({s for rows in logs for s, _, _ in rows})
     print(f"{run}: {len(logs)} hosts ({', '.join(str(p.parent.name) for p in hosts)})")
     for rows, p in zip(logs, hosts):
-        print(f"  {p.parent.name}: {len(rows)} rows, last at {rows[-1][0]:.0f} s, {rows[-1][1]:,} frames, mean return {rows[-1][2]}")
+        print(
+            f"  {p.parent.name}: {len(rows)} rows, last at {rows[-1][0]:.0f} s, {rows[-1][1]:,} frames, mean return {rows[-1][2]}"
+        )
     for target in targets:
         for rule in ("each", "mean"):
             hit = None
