@@ -37,6 +37,16 @@ from bench.hosts.netns import Hosts, HostsUnavailable, Link
 PORT = 4431
 STOP_GRACE_S = 150.0  # as bench.impala.compare gives a stopped run to write its checkpoint
 STOPPED = 130  # bench.impala's exit status when stopped before --total-frames
+SETS_IT = "bench.hosts sets it for every job"
+REFUSED_JOB_FLAGS = {
+    "--peers": SETS_IT,
+    "--group": SETS_IT,
+    "--peer-host": SETS_IT,
+    "--out": SETS_IT,
+    "--member-seed": "every job gets the flags after --, and one member seed would have every host play the same "
+    "games; each job draws its own",
+}
+"""job flags refused after --, and why"""
 
 
 @dataclass
@@ -77,13 +87,9 @@ def parse_args(argv: list[str] | None) -> tuple[Args, Link, list[str]]:
         link = Link.parse(args.link)
     except ValueError as e:
         parser.error(f"--link: {e}")
-    for taken in ("--peers", "--group", "--peer-host", "--out"):
-        if taken in job_args or any(a.startswith(taken + "=") for a in job_args):
-            parser.error(f"{taken}: bench.hosts sets it for every job")
-    if any(a == "--member-seed" or a.startswith("--member-seed=") for a in job_args):
-        parser.error(
-            "--member-seed: every job gets the flags after --, and one member seed would have every host play the same games; each job draws its own"
-        )
+    for flag, why in REFUSED_JOB_FLAGS.items():
+        if flag in job_args or any(a.startswith(flag + "=") for a in job_args):
+            parser.error(f"{flag}: {why}")
     return args, link, job_args
 
 
